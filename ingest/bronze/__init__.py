@@ -1,0 +1,1 @@
+"""Bronze: append-only Iceberg tables holding every change record exactly once."""

@@ -1,0 +1,144 @@
+"""Decoded envelope -> one bronze row plus the Arrow schema that row needs.
+
+Bronze keeps the full envelope. With schemas, the Connect schema gives every column a real type (``before``,
+``after``, ``source``, ``transaction`` become structs); without schemas, the envelope's parts are kept as JSON text
+(layout ``json``). cdclake's own columns carry the ``_cdc_`` prefix, which no Iceberg metadata column uses.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from ingest.debezium.envelope import Envelope, RawRecord, RecordKind
+from ingest.debezium.types import Converter, arrow_type, converter, json_text, struct_converter, struct_fields
+from ingest.errors import DecodeError
+
+
+class Layout(enum.StrEnum):
+    TYPED = "typed"  # columns typed from the Connect schema
+    JSON = "json"  # schemas.enable=false: envelope parts kept as JSON text
+
+
+UTC_US = pa.timestamp("us", tz="UTC")
+COORDINATE_FIELDS = [
+    pa.field("_cdc_topic", pa.string()),
+    pa.field("_cdc_partition", pa.int32()),
+    pa.field("_cdc_offset", pa.int64()),
+    pa.field("_cdc_kafka_ts", UTC_US),
+    pa.field("_cdc_ingested_at", UTC_US),
+]
+CHANGE_FIELDS = [
+    # Source position parsed to integers per connector; see ingest.debezium.ordering.
+    pa.field("_cdc_order", pa.list_(pa.int64())),
+    # The Debezium key as canonical JSON (sorted keys): the identity silver groups by, also for MongoDB.
+    pa.field("_cdc_key_json", pa.string()),
+]
+_JSON_LONG_FIELDS = frozenset({"ts_ms", "ts_us", "ts_ns"})
+PARTITION_SOURCE_COLUMN = "_cdc_ingested_at"
+
+
+@dataclass(frozen=True, slots=True)
+class BronzeRow:
+    layout: Layout
+    schema: pa.Schema
+    row: dict[str, Any]
+
+
+def canonical_json(value: Any) -> str | None:
+    if value is None:
+        return None
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _fingerprint(schema: dict[str, Any] | None) -> bytes:
+    return b"" if schema is None else orjson.dumps(schema)
+
+
+class RowBuilder:
+    """Builds bronze rows; converters and Arrow schemas are compiled once per distinct Connect schema."""
+
+    def __init__(self, variable_scale: int = 10) -> None:
+        self._variable_scale = variable_scale
+        self._compiled: dict[tuple[RecordKind, bytes, bytes], tuple[pa.Schema, Converter | None, Converter | None]] = {}
+
+    def _compile(self, envelope: Envelope) -> tuple[pa.Schema, Converter | None, Converter | None]:
+        kind = RecordKind.CHANGE if envelope.kind is RecordKind.TOMBSTONE else envelope.kind
+        cache_key = (kind, _fingerprint(envelope.key_schema), _fingerprint(envelope.value_schema))
+        compiled = self._compiled.get(cache_key)
+        if compiled is not None:
+            return compiled
+        scale = self._variable_scale
+        fields = list(COORDINATE_FIELDS)
+        if kind is RecordKind.CHANGE:
+            fields += CHANGE_FIELDS
+        key_conv: Converter | None = None
+        if envelope.key_schema is not None:
+            fields.append(pa.field("key", arrow_type(envelope.key_schema, variable_scale=scale)))
+            key_conv = converter(envelope.key_schema, variable_scale=scale)
+        value_conv: Converter | None = None
+        if envelope.value_schema is not None:
+            if envelope.value_schema.get("type") != "struct":
+                raise DecodeError("value schema is not a struct")
+            fields += struct_fields(envelope.value_schema, variable_scale=scale)
+            value_conv = struct_converter(envelope.value_schema, variable_scale=scale)
+        compiled = (pa.schema(fields), key_conv, value_conv)
+        self._compiled[cache_key] = compiled
+        return compiled
+
+    def build(self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime) -> BronzeRow:
+        kafka_ts = (
+            None
+            if record.timestamp_ms is None or record.timestamp_ms < 0
+            else dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC)
+        )
+        row: dict[str, Any] = {
+            "_cdc_topic": record.topic,
+            "_cdc_partition": record.partition,
+            "_cdc_offset": record.offset,
+            "_cdc_kafka_ts": kafka_ts,
+            "_cdc_ingested_at": ingested_at,
+        }
+        is_change = envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE)
+        if is_change:
+            row["_cdc_order"] = envelope.ordering
+            row["_cdc_key_json"] = canonical_json(envelope.key)
+        typed = envelope.value_schema is not None or (envelope.payload is None and envelope.key_schema is not None)
+        if typed:
+            schema, key_conv, value_conv = self._compile(envelope)
+            if key_conv is not None and envelope.key is not None:
+                row["key"] = key_conv(envelope.key, "key")
+            if value_conv is not None and envelope.payload is not None:
+                row.update(value_conv(envelope.payload, "value"))
+            return BronzeRow(Layout.TYPED, schema, row)
+        return self._json_row(envelope, row, is_change)
+
+    def _json_row(self, envelope: Envelope, row: dict[str, Any], is_change: bool) -> BronzeRow:
+        fields = list(COORDINATE_FIELDS)
+        if is_change:
+            fields += CHANGE_FIELDS
+        fields.append(pa.field("key", pa.string()))
+        row["key"] = json_text(envelope.key) if not isinstance(envelope.key, str) else envelope.key
+        payload = envelope.payload
+        if payload is not None and envelope.kind is RecordKind.CHANGE:
+            for name, value in payload.items():
+                if name == "op":
+                    fields.append(pa.field(name, pa.string()))
+                    row[name] = value
+                elif name in _JSON_LONG_FIELDS and (value is None or type(value) is int):
+                    fields.append(pa.field(name, pa.int64()))
+                    row[name] = value
+                else:
+                    fields.append(pa.field(name, pa.string()))
+                    row[name] = json_text(value)
+        elif payload is not None:
+            fields.append(pa.field("payload", pa.string()))
+            row["payload"] = canonical_json(payload)
+        elif is_change:
+            fields.append(pa.field("op", pa.string()))
+        return BronzeRow(Layout.JSON, pa.schema(fields), row)

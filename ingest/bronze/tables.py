@@ -1,0 +1,177 @@
+"""Bronze tables in the Iceberg catalog: create, evolve, and append one batch together with its source offsets.
+
+Exactly once rests on one rule: a table's data and the Kafka offsets it covers are committed in one Iceberg
+commit. The offsets go into the snapshot summary (lineage, like the Iceberg Kafka Connect sink) and into the
+table properties of that same commit, which survive snapshot expiry and compaction. On start the ingester
+resumes from the properties; records below a table's offset are never written to it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import orjson
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.table import Table
+from pyiceberg.transforms import DayTransform
+from sqlalchemy.exc import OperationalError
+
+from ingest.bronze.evolution import merge_schemas, normalized
+from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
+from ingest.errors import CommitError, DecodeError
+
+log = logging.getLogger(__name__)
+
+OFFSETS_PROPERTY = "cdclake.offsets"
+LAYOUT_PROPERTY = "cdclake.layout"
+KIND_PROPERTY = "cdclake.kind"
+COMMIT_ID_PROPERTY = "cdclake.commit-id"
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    # Bronze is append-only; silver's MERGE uses position deletes (never equality deletes).
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+}
+
+# (topic, partition) -> next offset to read
+Offsets = dict[tuple[str, int], int]
+
+
+def encode_offsets(offsets: Offsets) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        nested.setdefault(topic, {})[str(partition)] = offset
+    return orjson.dumps(nested).decode()
+
+
+def decode_offsets(text: str | None) -> Offsets:
+    if not text:
+        return {}
+    nested = orjson.loads(text)
+    return {
+        (topic, int(partition)): int(offset) for topic, parts in nested.items() for partition, offset in parts.items()
+    }
+
+
+def merge_offsets(stored: Offsets, new: Mapping[tuple[str, int], int]) -> Offsets:
+    """Offsets only move forward: a commit never drops or rewinds another writer's partitions."""
+    merged = dict(stored)
+    for tp, offset in new.items():
+        merged[tp] = max(offset, merged.get(tp, offset))
+    return merged
+
+
+def _tp(row: Mapping[str, object]) -> tuple[str, int]:
+    return (row["_cdc_topic"], row["_cdc_partition"])  # type: ignore[return-value]
+
+
+@dataclass
+class TableBatch:
+    """Rows for one bronze table from one flush, with the offsets they cover."""
+
+    name: str
+    layout: Layout
+    kind: str
+    schemas: list[pa.Schema] = field(default_factory=list)
+    rows: list[dict[str, object]] = field(default_factory=list)
+    offsets: Offsets = field(default_factory=dict)
+
+
+class BronzeTables:
+    """Catalog access for one bronze namespace."""
+
+    def __init__(self, catalog: Catalog, namespace: str, commit_attempts: int = 8) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
+        self.commit_attempts = commit_attempts
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            catalog.create_namespace(namespace)
+
+    def identifier(self, name: str) -> str:
+        return f"{self.namespace}.{name}"
+
+    def load(self, name: str) -> Table | None:
+        try:
+            return self.catalog.load_table(self.identifier(name))
+        except NoSuchTableError:
+            return None
+
+    def offsets(self, name: str) -> Offsets:
+        table = self.load(name)
+        return {} if table is None else decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+
+    def list_tables(self) -> list[str]:
+        return sorted(identifier[-1] for identifier in self.catalog.list_tables(self.namespace))
+
+    def _create(self, batch: TableBatch, schema: pa.Schema) -> Table:
+        properties = {**TABLE_PROPERTIES, LAYOUT_PROPERTY: batch.layout.value, KIND_PROPERTY: batch.kind}
+        try:
+            table = self.catalog.create_table(self.identifier(batch.name), schema=schema, properties=properties)
+        except Exception:
+            # Another writer may have created it first; use theirs.
+            existing = self.load(batch.name)
+            if existing is None:
+                raise
+            return existing
+        # Partition by ingest day so time-bounded scans (and silver's incremental reads) prune.
+        with table.update_spec() as spec:
+            spec.add_field(PARTITION_SOURCE_COLUMN, DayTransform(), "_cdc_ingested_day")
+        return table
+
+    def commit(self, batch: TableBatch) -> int:
+        """Append ``batch`` and its offsets in one commit, retrying on conflicts. Returns rows written."""
+        delay = 0.05
+        for attempt in range(1, self.commit_attempts + 1):
+            try:
+                return self._commit_once(batch)
+            except (CommitFailedException, OperationalError) as exc:
+                if attempt == self.commit_attempts:
+                    raise CommitError(
+                        f"bronze table {self.identifier(batch.name)}: commit failed {attempt} times, last: {exc}"
+                    ) from exc
+                log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    def _commit_once(self, batch: TableBatch) -> int:
+        table = self.load(batch.name)
+        current = None if table is None else normalized(table.schema().as_arrow())
+        target = current
+        for schema in batch.schemas:
+            target = merge_schemas(self.identifier(batch.name), target, schema)
+        assert target is not None
+        if table is None:
+            table = self._create(batch, target)
+            current = normalized(table.schema().as_arrow())
+        layout = table.properties.get(LAYOUT_PROPERTY, batch.layout.value)
+        if layout != batch.layout.value:
+            raise DecodeError(
+                f"table {self.identifier(batch.name)} holds {layout} records; got {batch.layout.value} records "
+                "(schemas.enable differs between records of one topic)"
+            )
+        if not target.equals(current):
+            with table.update_schema() as update:
+                update.union_by_name(target)
+            table = self.catalog.load_table(self.identifier(batch.name))
+        stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+        # Rows another writer (a restarted process, the new owner after a rebalance, or a zombie that lost its
+        # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
+        rows = [row for row in batch.rows if row["_cdc_offset"] >= stored.get(_tp(row), -1)]  # type: ignore[operator]
+        data = pa.Table.from_pylist(rows, schema=target)
+        offsets = encode_offsets(merge_offsets(stored, batch.offsets))
+        commit_id = str(uuid.uuid4())
+        with table.transaction() as transaction:
+            if data.num_rows:
+                transaction.append(data, snapshot_properties={OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
+            transaction.set_properties({OFFSETS_PROPERTY: offsets})
+        return int(data.num_rows)

@@ -1,0 +1,54 @@
+"""The `cdclake` command. One module per subcommand; this module only wires them together."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ingest import __version__
+from ingest.errors import CdclakeError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cdclake")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    envvar="CDCLAKE_CONFIG",
+    help="cdclake.yml to use (default: $CDCLAKE_CONFIG, then ./cdclake.yml, then embedded defaults).",
+)
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", show_default=True)
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, log_level: str, log_format: str) -> None:
+    """cdclake: Debezium change events -> Iceberg bronze -> net-effect silver with dbt on Spark."""
+    from ingest.logs import configure
+
+    configure(log_level, log_format)
+    ctx.obj = {"config_path": config_path}
+
+
+def _register() -> None:
+    from ingest.cli import ingest_cmd
+
+    cli.add_command(ingest_cmd.ingest)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        result = cli.main(standalone_mode=False)
+        if isinstance(result, int):
+            sys.exit(result)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except CdclakeError as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)

@@ -1,0 +1,98 @@
+"""`cdclake ingest`: land Debezium topics in bronze until stopped (or, with --once, until caught up)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+
+import click
+
+from ingest.cli.common import settings_from
+from ingest.config import Settings, redact
+from ingest.pipeline import IngestStats, Pipeline
+from ingest.sources.base import Source
+
+log = logging.getLogger(__name__)
+
+
+def build_pipeline(settings: Settings) -> Pipeline:
+    from ingest.bronze.tables import BronzeTables
+    from ingest.lakehouse import load_catalog
+    from ingest.metrics import IngestMetrics
+
+    source_settings = settings.require_source()
+    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace, settings.ingest.commit_attempts)
+    metrics = IngestMetrics()
+    source: Source
+    if source_settings.type == "file":
+        from ingest.sources.file import FileSource
+
+        assert source_settings.path is not None
+        source = FileSource(settings.resolve(source_settings.path))
+        return Pipeline(settings.ingest, tables, source, metrics)
+    from ingest.sources.kafka import KafkaSource
+
+    kafka = KafkaSource(source_settings)
+    pipeline = Pipeline(settings.ingest, tables, kafka, metrics)
+    kafka.on_revoke = pipeline.revoke
+    return pipeline
+
+
+@click.command()
+@click.option("--once", is_flag=True, help="Drain what is available, commit, and exit (for schedulers).")
+@click.option("--progress/--no-progress", default=None, help="Live progress line (default: on a terminal).")
+@click.pass_context
+def ingest(ctx: click.Context, once: bool, progress: bool | None) -> int:
+    """Land Debezium change events in Iceberg bronze, exactly once."""
+    settings = settings_from(ctx)
+    pipeline = build_pipeline(settings)
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: committing the batch in hand, then exiting", signal.Signals(signum).name)
+        pipeline.stop_requested.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    server = None
+    if settings.ingest.metrics_port is not None:
+        from ingest.metrics import MetricsServer
+
+        server = MetricsServer(
+            pipeline.metrics, settings.ingest.metrics_port, settings.ingest.unhealthy_after_s
+        ).start()
+        log.info("serving /metrics and /healthz on port %d", server.port)
+
+    show = sys.stderr.isatty() if progress is None else progress
+    try:
+        stats = _run_with_progress(pipeline, once) if show else pipeline.run(once=once)
+    except Exception as exc:
+        pipeline.metrics.healthy = False
+        pipeline.metrics.health_reason = redact(str(exc), settings)
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+    click.echo(
+        f"ingested {stats.records_in} records: {stats.written} written to {len(stats.tables)} bronze table(s), "
+        f"{stats.dead_letters} dead letters, {stats.skipped} skipped (already in bronze or heartbeats)",
+        err=True,
+    )
+    return 0
+
+
+def _run_with_progress(pipeline: Pipeline, once: bool) -> IngestStats:
+    from rich.live import Live
+    from rich.text import Text
+
+    def render(stats: IngestStats) -> Text:
+        return Text(
+            f"read {stats.records_in:,}  written {stats.written:,}  dead letters {stats.dead_letters:,}  "
+            f"skipped {stats.skipped:,}  flushes {stats.flushes}  {stats.rate:,.0f} rec/s"
+        )
+
+    with Live(render(pipeline.stats), refresh_per_second=4, transient=False) as live:
+        pipeline.on_progress = lambda stats: live.update(render(stats))
+        return pipeline.run(once=once)

@@ -1,0 +1,259 @@
+"""cdclake.yml: one file, validated into typed settings, every key overridable from the environment.
+
+Lookup order for the file: ``--config``, then ``CDCLAKE_CONFIG``, then ``./cdclake.yml``; without a file the
+embedded defaults apply (SQLite catalog and warehouse under ``./lakehouse``).
+
+Environment overrides use ``CDCLAKE__<SECTION>__<KEY>`` (``CDCLAKE__SOURCE__BOOTSTRAP_SERVERS=...``). Inside the
+librdkafka ``consumer`` map, ``_`` stands for ``.`` (``CDCLAKE__SOURCE__CONSUMER__SASL_PASSWORD`` sets
+``sasl.password``). Values may also reference the environment as ``${VAR}`` so secrets stay out of the file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ingest.errors import ConfigError
+
+ENV_PREFIX = "CDCLAKE__"
+CONFIG_ENV = "CDCLAKE_CONFIG"
+DEFAULT_CONFIG_NAME = "cdclake.yml"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# librdkafka / catalog keys whose values must never be printed.
+SECRET_KEY_PATTERN = re.compile(r"(password|secret|token|credential|sasl\.jaas|private)", re.IGNORECASE)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LakehouseSettings(_Section):
+    """Where the Iceberg tables live. Spark, pyiceberg and dbt all derive their settings from this block."""
+
+    warehouse: str = Field(default="lakehouse/warehouse", description="Warehouse path or URI for table data.")
+    catalog_uri: SecretStr = Field(
+        default=SecretStr("sqlite:///lakehouse/catalog.db"),
+        description="pyiceberg SQL-catalog URI (SQLAlchemy form): sqlite:////abs/catalog.db or "
+        "postgresql+psycopg2://user:password@host:5432/db. Spark gets the JDBC equivalent.",
+    )
+    catalog_name: str = Field(
+        default="lake",
+        pattern=r"^[a-z_][a-z0-9_]*$",
+        description="Iceberg catalog name; stored in the catalog, so Spark and pyiceberg must agree.",
+    )
+    bronze_namespace: str = Field(default="bronze", pattern=r"^[a-z_][a-z0-9_]*$")
+    silver_namespace: str = Field(default="silver", pattern=r"^[a-z_][a-z0-9_]*$")
+
+
+class SparkSettings(_Section):
+    """Where Spark runs. The embedded default is local; a cluster is a master URL plus extra conf."""
+
+    master: str = Field(
+        default="local[2]", description="Spark master URL (local[N], spark://host:7077, yarn, k8s://...)."
+    )
+    driver_memory: str = Field(default="2g")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings, passed through.")
+
+
+class SourceSettings(_Section):
+    """Where change events come from: a Kafka cluster, or a topic dump in `kcat -C -J` JSON lines."""
+
+    type: Literal["kafka", "file"] = "kafka"
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topics: list[str] = Field(default_factory=list)
+    topic_pattern: str | None = Field(default=None, description="Regex of topics to follow, e.g. '^dbserver1\\..*'.")
+    group_id: str = Field(default="cdclake", description="Consumer group; group commits are advisory only.")
+    consumer: dict[str, SecretStr] = Field(
+        default_factory=dict, description="Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*)."
+    )
+    path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")
+    poll_timeout_s: float = Field(default=1.0, gt=0)
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _source_is_complete(self) -> SourceSettings:
+        if self.type == "file" and not self.path:
+            raise ValueError("source.path is required when source.type is 'file'")
+        if self.type == "kafka" and not (self.topics or self.topic_pattern):
+            raise ValueError("source.topics or source.topic_pattern is required when source.type is 'kafka'")
+        if self.topics and self.topic_pattern:
+            raise ValueError("set source.topics or source.topic_pattern, not both")
+        return self
+
+    def consumer_config(self) -> dict[str, str]:
+        """The librdkafka settings in clear text, for the client only. Never log this."""
+        return {key: value.get_secret_value() for key, value in self.consumer.items()}
+
+
+class IngestSettings(_Section):
+    """How bronze is written: flush policy (IBM CDC's UOW latency threshold), naming, service endpoints."""
+
+    max_records: int = Field(default=100_000, ge=1, description="Flush when this many records are buffered.")
+    max_bytes: int = Field(default=128 * 1024 * 1024, ge=1024, description="Flush when buffered bytes exceed this.")
+    latency_threshold_s: float = Field(
+        default=10.0, gt=0, description="Flush at the latest this many seconds after the first buffered record."
+    )
+    writer_threads: int = Field(default=2, ge=1, le=64, description="Tables committed in parallel per flush.")
+    table_mapping: dict[str, str] = Field(
+        default_factory=dict, description="Topic -> bronze table name overrides (name without namespace)."
+    )
+    commit_attempts: int = Field(default=8, ge=1, description="Tries per table commit before the service stops.")
+    on_type_conflict: Literal["dead_letter", "fail"] = Field(
+        default="dead_letter",
+        description="A column whose type changes in a way that cannot widen: dead-letter the record, or stop.",
+    )
+    variable_scale_decimal_scale: int = Field(
+        default=10, ge=0, le=38, description="Scale of the decimal(38, s) column for VariableScaleDecimal values."
+    )
+    metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve /metrics and /healthz here.")
+    unhealthy_after_s: float = Field(default=60.0, gt=0, description="/healthz fails after this long without progress.")
+    skip_heartbeats: bool = True
+
+    @field_validator("table_mapping")
+    @classmethod
+    def _mapped_names_are_identifiers(cls, value: dict[str, str]) -> dict[str, str]:
+        for topic, name in value.items():
+            if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+                raise ValueError(f"table name {name!r} for topic {topic!r} must match [a-z_][a-z0-9_]*")
+        return value
+
+
+class DbtSettings(_Section):
+    project_dir: str = Field(default="dbt_project", description="dbt project used by `cdclake dbt` and scaffold.")
+    target: str = Field(default="session")
+
+
+class Settings(_Section):
+    lakehouse: LakehouseSettings = Field(default_factory=LakehouseSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    source: Annotated[SourceSettings | None, Field(default=None)] = None
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    dbt: DbtSettings = Field(default_factory=DbtSettings)
+    # Directory relative paths are resolved against (the config file's folder, or the working directory).
+    base_dir: str = Field(default=".", exclude=True)
+
+    def resolve(self, path: str) -> Path:
+        candidate = Path(path)
+        return candidate if candidate.is_absolute() else (Path(self.base_dir) / candidate).resolve()
+
+    def require_source(self) -> SourceSettings:
+        if self.source is None:
+            raise ConfigError("source: no source configured (set source.type and its settings in cdclake.yml)")
+        return self.source
+
+
+def _interpolate(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{where}: environment variable {name} is referenced but not set")
+            return os.environ[name]
+
+        return _ENV_REF.sub(substitute, value)
+    if isinstance(value, dict):
+        return {key: _interpolate(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    return value
+
+
+def _apply_env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].split("__")
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+        section, *path = parts
+        node = raw.setdefault(section.lower(), {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{name}: {section.lower()} is not a section")
+        for key in path[:-1]:
+            node = node.setdefault(key.lower(), {})
+        last = path[-1]
+        # The librdkafka map keeps dotted keys; environment names cannot hold dots.
+        last = last.lower().replace("_", ".") if path[:-1] == ["CONSUMER"] else last.lower()
+        node[last] = yaml.safe_load(value) if value.strip()[:1] in "[{" else value
+    return raw
+
+
+def find_config_file(
+    explicit: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+) -> Path | None:
+    env = os.environ if environ is None else environ
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"--config {path}: file not found")
+        return path
+    from_env = env.get(CONFIG_ENV)
+    if from_env:
+        path = Path(from_env)
+        if not path.is_file():
+            raise ConfigError(f"{CONFIG_ENV}={path}: file not found")
+        return path
+    default = Path(DEFAULT_CONFIG_NAME)
+    return default if default.is_file() else None
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Read, interpolate, override from the environment and validate. Errors name the offending key."""
+    env = dict(os.environ if environ is None else environ)
+    config_file = find_config_file(path, env)
+    raw: dict[str, Any] = {}
+    base_dir = Path.cwd()
+    if config_file is not None:
+        try:
+            loaded = yaml.safe_load(config_file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{config_file}: not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_file}: the top level must be a mapping")
+        raw = _interpolate(loaded, str(config_file))
+        base_dir = config_file.resolve().parent
+    raw = _apply_env_overrides(raw, env)
+    raw["base_dir"] = str(base_dir)
+    try:
+        return Settings.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']}" for error in exc.errors()
+        )
+        origin = str(config_file) if config_file else "configuration"
+        raise ConfigError(f"{origin}: {problems}") from None
+
+
+def redact(text: str, settings: Settings) -> str:
+    """Remove every configured secret from a message before it is logged or shown."""
+    consumer = settings.source.consumer if settings.source else {}
+    secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
+    uri_password = re.search(r"://[^:/@]+:([^@]+)@", settings.lakehouse.catalog_uri.get_secret_value())
+    if uri_password:
+        secrets.append(uri_password.group(1))
+    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

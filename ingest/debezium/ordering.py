@@ -1,0 +1,141 @@
+"""Per-connector ordering: which change of a key is later, as a list of integers compared lexicographically.
+
+Positions are parsed to integers, never compared as strings (Hudi lost updates comparing MySQL binlog positions as
+strings, apache/hudi#9475). Every connector yields a fixed number of components, so the lists of one table compare
+component by component; a position the event does not carry (snapshot reads often have no commit LSN) is -1, i.e.
+older than any real position. The full order of bronze rows is (ordering, op rank, Kafka offset); see silver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+
+from ingest.errors import DecodeError
+
+Position = list[int]
+MISSING = -1
+_HEX_SEGMENTS = re.compile(r"^[0-9A-Fa-f]+(:[0-9A-Fa-f]+)*$")
+_LSN_SEGMENTS = 3  # Db2 / SQL Server LSNs: XXXXXXXX:XXXXXXXX:XXXX
+_PG_LSN = re.compile(r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$")
+_BINLOG_FILE = re.compile(r"(\d+)$")
+
+
+def _integer(source: Mapping[str, Any], field: str, connector: str) -> int:
+    value = source.get(field)
+    if value is None:
+        return MISSING
+    if type(value) is int:
+        if value < 0:
+            raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (negative)")
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (expected an integer)")
+
+
+def _hex_lsn(source: Mapping[str, Any], field: str, connector: str) -> list[int]:
+    value = source.get(field)
+    if value is None:
+        return [MISSING] * _LSN_SEGMENTS
+    if not isinstance(value, str) or not _HEX_SEGMENTS.match(value) or value.count(":") != _LSN_SEGMENTS - 1:
+        raise DecodeError(
+            f"source.{field}={value!r} is not a valid {connector} LSN (expected XXXXXXXX:XXXXXXXX:XXXX hex)"
+        )
+    return [int(part, 16) for part in value.split(":")]
+
+
+def _db2(source: Mapping[str, Any]) -> Position:
+    return _hex_lsn(source, "commit_lsn", "db2") + _hex_lsn(source, "change_lsn", "db2")
+
+
+def _sqlserver(source: Mapping[str, Any]) -> Position:
+    return (
+        _hex_lsn(source, "commit_lsn", "sqlserver")
+        + _hex_lsn(source, "change_lsn", "sqlserver")
+        + [_integer(source, "event_serial_no", "sqlserver")]
+    )
+
+
+def _informix(source: Mapping[str, Any]) -> Position:
+    # Emitted as optional decimal strings of differing length: compare as integers.
+    return [_integer(source, "commit_lsn", "informix"), _integer(source, "change_lsn", "informix")]
+
+
+def _oracle(source: Mapping[str, Any]) -> Position:
+    # commit_scn exists only with LogMiner; scn orders the changes inside a transaction.
+    return [_integer(source, "commit_scn", "oracle"), _integer(source, "scn", "oracle")]
+
+
+def _mongodb(source: Mapping[str, Any]) -> Position:
+    # ts_ms is the cluster time's seconds * 1000; ord orders operations within that second.
+    return [_integer(source, "ts_ms", "mongodb"), _integer(source, "ord", "mongodb")]
+
+
+def _pg_lsn(value: Any, field: str) -> int:
+    if value is None or value == "null":
+        return MISSING
+    if type(value) is int:
+        return value
+    if isinstance(value, str):
+        if value.isdigit():
+            return int(value)
+        match = _PG_LSN.match(value)
+        if match:
+            return (int(match.group(1), 16) << 32) + int(match.group(2), 16)
+    raise DecodeError(f"source.{field}={value!r} is not a valid postgresql LSN")
+
+
+def _postgresql(source: Mapping[str, Any]) -> Position:
+    # source.sequence = '["<last commit LSN>","<LSN>"]': the LSN alone misorders interleaved transactions.
+    sequence = source.get("sequence")
+    if sequence is not None:
+        try:
+            parts = orjson.loads(sequence) if isinstance(sequence, str) else sequence
+        except orjson.JSONDecodeError:
+            raise DecodeError(f"source.sequence={sequence!r} is not valid JSON") from None
+        if not isinstance(parts, list) or len(parts) != 2:
+            raise DecodeError(f"source.sequence={sequence!r} is not a [commit LSN, LSN] pair")
+        return [_pg_lsn(parts[0], "sequence[0]"), _pg_lsn(parts[1], "sequence[1]")]
+    return [MISSING, _pg_lsn(source.get("lsn"), "lsn")]
+
+
+def _mysql(source: Mapping[str, Any]) -> Position:
+    file = source.get("file")
+    if file is None:
+        file_number = MISSING
+    else:
+        match = _BINLOG_FILE.search(str(file))
+        if not match:
+            raise DecodeError(f"source.file={file!r} is not a binlog file name (expected a numeric suffix)")
+        file_number = int(match.group(1))
+    return [file_number, _integer(source, "pos", "mysql"), _integer(source, "row", "mysql")]
+
+
+ORDERINGS: dict[str, Callable[[Mapping[str, Any]], Position]] = {
+    "db2": _db2,
+    "informix": _informix,
+    "oracle": _oracle,
+    "mongodb": _mongodb,
+    "postgresql": _postgresql,
+    "mysql": _mysql,
+    "sqlserver": _sqlserver,
+}
+
+# How silver breaks ties on equal positions: a snapshot read is older than a change at the same position.
+OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
+
+
+def ordering(source: Any) -> Position:
+    """The ordering value of one change event, from its ``source`` block."""
+    if not isinstance(source, Mapping):
+        raise DecodeError("the envelope has no source block")
+    connector = source.get("connector")
+    compute = ORDERINGS.get(connector) if isinstance(connector, str) else None
+    if compute is None:
+        known = ", ".join(sorted(ORDERINGS))
+        raise DecodeError(f"unknown connector {connector!r} in source.connector (known: {known})")
+    return compute(source)

@@ -1,0 +1,326 @@
+"""Kafka Connect schemas (as the JSON converter writes them) to Arrow/Iceberg types, and value converters.
+
+One place for the Debezium type mapping. A converter either returns a value that fits its column exactly or
+raises :class:`DecodeError` naming the field path: nothing is coerced silently (no string becomes a zero).
+Nanosecond types are stored at microsecond precision, the finest Iceberg v2 offers; that is the only rounding.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import decimal
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from ingest.errors import DecodeError
+
+Converter = Callable[[Any, str], Any]
+
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+_DATE = {"org.apache.kafka.connect.data.Date", "io.debezium.time.Date"}
+_TIME_MS = {"org.apache.kafka.connect.data.Time", "io.debezium.time.Time"}
+_TIME_US = {"io.debezium.time.MicroTime"}
+_TIME_NS = {"io.debezium.time.NanoTime"}
+_TS_MS = {"org.apache.kafka.connect.data.Timestamp", "io.debezium.time.Timestamp"}
+_TS_US = {"io.debezium.time.MicroTimestamp"}
+_TS_NS = {"io.debezium.time.NanoTimestamp"}
+_TS_ZONED = {"io.debezium.time.ZonedTimestamp", "io.debezium.time.IsoTimestamp"}
+
+_INT_RANGES = {
+    "int8": (-(2**7), 2**7 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# Spark cannot read Iceberg's `time` type, so times are kept as microseconds since midnight (long), named
+# in the docs; an Iceberg `time` column would make the whole table unreadable from Spark SQL.
+TIME_TYPE = pa.int64()
+MAX_DECIMAL_PRECISION = 38
+
+
+def _fail(path: str, expected: str, value: Any) -> DecodeError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return DecodeError(f"{path}: expected {expected}, got {type(value).__name__} {shown}")
+
+
+def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
+    params = schema.get("parameters") or {}
+    scale = int(params.get("scale", 0))
+    precision = int(params.get("connect.decimal.precision", MAX_DECIMAL_PRECISION))
+    precision = max(min(precision, MAX_DECIMAL_PRECISION), scale if scale > 0 else 1)
+    return pa.decimal128(precision, scale)
+
+
+def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataType:
+    """The Arrow type (which pyiceberg maps 1:1 to Iceberg) of one Connect schema node."""
+    name = schema.get("name")
+    kind = schema.get("type")
+    if name == DECIMAL:
+        return _decimal_type(schema)
+    if name == VARIABLE_SCALE_DECIMAL:
+        return pa.decimal128(MAX_DECIMAL_PRECISION, variable_scale)
+    if name in _DATE:
+        return pa.date32()
+    if name in _TIME_MS or name in _TIME_US or name in _TIME_NS:
+        return TIME_TYPE
+    if name in _TS_MS or name in _TS_US or name in _TS_NS:
+        return pa.timestamp("us")
+    if name in _TS_ZONED:
+        return pa.timestamp("us", tz="UTC")
+    if kind in ("int8", "int16", "int32"):
+        return pa.int32()
+    if kind == "int64":
+        return pa.int64()
+    # The JSON converter writes float32/float64 as "float"/"double".
+    if kind in ("float", "float32"):
+        return pa.float32()
+    if kind in ("double", "float64"):
+        return pa.float64()
+    if kind == "boolean":
+        return pa.bool_()
+    if kind == "string":
+        return pa.string()
+    if kind == "bytes":
+        return pa.binary()
+    if kind == "array":
+        return pa.list_(arrow_type(schema["items"], variable_scale=variable_scale))
+    if kind == "map":
+        key_type = arrow_type(schema["keys"], variable_scale=variable_scale)
+        return pa.map_(key_type, arrow_type(schema["values"], variable_scale=variable_scale))
+    if kind == "struct":
+        return pa.struct(struct_fields(schema, variable_scale=variable_scale))
+    raise DecodeError(f"unsupported Connect schema type {kind!r} (name {name!r})")
+
+
+def struct_fields(schema: dict[str, Any], *, variable_scale: int = 10) -> list[pa.Field]:
+    fields = schema.get("fields")
+    if not isinstance(fields, list):
+        raise DecodeError(f"struct schema {schema.get('name')!r} has no field list")
+    return [
+        pa.field(field["field"], arrow_type(field, variable_scale=variable_scale), nullable=True) for field in fields
+    ]
+
+
+def _int(kind: str) -> Converter:
+    low, high = _INT_RANGES[kind]
+
+    def convert(value: Any, path: str) -> Any:
+        if type(value) is not int or not low <= value <= high:
+            raise _fail(path, kind, value)
+        return value
+
+    return convert
+
+
+def _float(value: Any, path: str) -> Any:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):  # how the JSON converter writes non-finite doubles
+        return float(value)
+    raise _fail(path, "a number", value)
+
+
+def _bool(value: Any, path: str) -> Any:
+    if type(value) is not bool:
+        raise _fail(path, "boolean", value)
+    return value
+
+
+def _string(value: Any, path: str) -> Any:
+    if type(value) is not str:
+        raise _fail(path, "string", value)
+    return value
+
+
+def _b64(value: Any, path: str) -> bytes:
+    if type(value) is not str:
+        raise _fail(path, "base64 string", value)
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise _fail(path, "base64 string", value) from None
+
+
+def _decimal(precision: int, scale: int) -> Converter:
+    limit = 10**precision
+    quantum = decimal.Decimal(1).scaleb(-scale)
+
+    def convert(value: Any, path: str) -> Any:
+        if type(value) is str:
+            unscaled = int.from_bytes(_b64(value, path), "big", signed=True)
+            result = decimal.Decimal(unscaled).scaleb(-scale)
+        elif type(value) in (int, float):  # decimal.format=NUMERIC
+            result = decimal.Decimal(str(value))
+            if result != result.quantize(quantum, context=decimal.Context(prec=80)):
+                raise _fail(path, f"decimal({precision},{scale})", value)
+            result = result.quantize(quantum, context=decimal.Context(prec=80))
+        else:
+            raise _fail(path, f"decimal({precision},{scale})", value)
+        if abs(result.scaleb(scale)) >= limit:
+            raise _fail(path, f"decimal({precision},{scale}) (out of range)", value)
+        return result
+
+    return convert
+
+
+def _variable_scale_decimal(scale: int) -> Converter:
+    quantum = decimal.Decimal(1).scaleb(-scale)
+    context = decimal.Context(prec=80)
+
+    def convert(value: Any, path: str) -> Any:
+        if not isinstance(value, dict) or type(value.get("scale")) is not int:
+            raise _fail(path, "VariableScaleDecimal {scale, value}", value)
+        unscaled = int.from_bytes(_b64(value.get("value"), path + ".value"), "big", signed=True)
+        result = decimal.Decimal(unscaled).scaleb(-value["scale"], context=context)
+        fitted = result.quantize(quantum, context=context)
+        if fitted != result or abs(fitted.scaleb(scale)) >= 10**MAX_DECIMAL_PRECISION:
+            raise _fail(path, f"decimal(38,{scale}) without rounding", value)
+        return fitted
+
+    return convert
+
+
+def _scaled_int(kind: str, factor: int, divisor: int = 1) -> Converter:
+    check = _int(kind)
+
+    def convert(value: Any, path: str) -> Any:
+        number = check(value, path)
+        return number * factor // divisor
+
+    return convert
+
+
+def _date(value: Any, path: str) -> Any:
+    days = _int("int32")(value, path)
+    return dt.date(1970, 1, 1) + dt.timedelta(days=days)
+
+
+def _zoned_timestamp(value: Any, path: str) -> Any:
+    if type(value) is not str:
+        raise _fail(path, "ISO-8601 timestamp with zone", value)
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise _fail(path, "ISO-8601 timestamp with zone", value) from None
+    if parsed.tzinfo is None:
+        raise _fail(path, "ISO-8601 timestamp with zone", value)
+    return parsed.astimezone(dt.UTC)
+
+
+def _micros_timestamp(factor: int, divisor: int) -> Converter:
+    check = _int("int64")
+
+    def convert(value: Any, path: str) -> Any:
+        micros = check(value, path) * factor // divisor
+        return _EPOCH.replace(tzinfo=None) + dt.timedelta(microseconds=micros)
+
+    return convert
+
+
+def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
+    """A function turning one JSON-level value of this schema into the Python value of its Arrow type."""
+    name = schema.get("name")
+    kind = schema.get("type")
+    inner: Converter
+    if name == DECIMAL:
+        decimal_type = _decimal_type(schema)
+        inner = _decimal(decimal_type.precision, decimal_type.scale)
+    elif name == VARIABLE_SCALE_DECIMAL:
+        inner = _variable_scale_decimal(variable_scale)
+    elif name in _DATE:
+        inner = _date
+    elif name in _TIME_MS:
+        inner = _scaled_int("int32", 1000)
+    elif name in _TIME_US:
+        inner = _int("int64")
+    elif name in _TIME_NS:
+        inner = _scaled_int("int64", 1, 1000)
+    elif name in _TS_MS:
+        inner = _micros_timestamp(1000, 1)
+    elif name in _TS_US:
+        inner = _micros_timestamp(1, 1)
+    elif name in _TS_NS:
+        inner = _micros_timestamp(1, 1000)
+    elif name in _TS_ZONED:
+        inner = _zoned_timestamp
+    elif kind in _INT_RANGES:
+        inner = _int(kind)
+    elif kind in ("float", "double", "float32", "float64"):
+        inner = _float
+    elif kind == "boolean":
+        inner = _bool
+    elif kind == "string":
+        inner = _string
+    elif kind == "bytes":
+        inner = _b64
+    elif kind == "array":
+        item = converter(schema["items"], variable_scale=variable_scale)
+
+        def inner(value: Any, path: str) -> Any:
+            if not isinstance(value, list):
+                raise _fail(path, "array", value)
+            return [None if v is None else item(v, f"{path}[{i}]") for i, v in enumerate(value)]
+
+    elif kind == "map":
+        key_conv = converter(schema["keys"], variable_scale=variable_scale)
+        value_conv = converter(schema["values"], variable_scale=variable_scale)
+
+        def inner(value: Any, path: str) -> Any:
+            # The JSON converter writes string-keyed maps as objects, others as [[k, v], ...].
+            pairs = value.items() if isinstance(value, dict) else value
+            if not isinstance(pairs, (list, type({}.items()))):
+                raise _fail(path, "map", value)
+            return [
+                (key_conv(k, f"{path}.key"), None if v is None else value_conv(v, f"{path}[{k!r}]")) for k, v in pairs
+            ]
+
+    elif kind == "struct":
+        inner = struct_converter(schema, variable_scale=variable_scale)
+    else:
+        raise DecodeError(f"unsupported Connect schema type {kind!r} (name {name!r})")
+    return inner
+
+
+def struct_converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
+    fields = [
+        (field["field"], converter(field, variable_scale=variable_scale), bool(field.get("optional", False)))
+        for field in schema.get("fields") or []
+    ]
+    known = {name for name, _, _ in fields}
+
+    def convert(value: Any, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise _fail(path, "struct", value)
+        out: dict[str, Any] = {}
+        for name, field_conv, optional in fields:
+            item = value.get(name)
+            if item is None:
+                if not optional and name not in value:
+                    raise DecodeError(f"{path}.{name}: required field is missing")
+                out[name] = None
+            else:
+                out[name] = field_conv(item, f"{path}.{name}")
+        extra = value.keys() - known
+        if extra:
+            raise DecodeError(f"{path}: fields {sorted(extra)} are not in the record's schema")
+        return out
+
+    return convert
+
+
+def json_text(value: Any) -> str | None:
+    """Schemaless values are kept as JSON text (keys sorted, so equal values compare equal)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

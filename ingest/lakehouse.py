@@ -1,0 +1,121 @@
+"""One lakehouse, three clients: pyiceberg (ingest), Spark (silver, `cdclake sql`) and dbt (via the profile).
+
+Everything each client needs is derived here from ``lakehouse:`` and ``spark:`` in cdclake.yml plus the static
+settings in ``spark_conf/embedded.conf``, so nobody writes a catalog URI or a jar path twice.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from ingest.config import Settings
+from ingest.errors import ConfigError, SetupError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_DIR_ENV = "CDCLAKE_RUNTIME_DIR"
+
+
+def runtime_dir() -> Path:
+    """Where setup assembled jars and binaries (ignored by git): ``.cdclake/`` in the project by default."""
+    return Path(os.environ.get(RUNTIME_DIR_ENV, PROJECT_ROOT / ".cdclake"))
+
+
+def spark_jars() -> list[str]:
+    classpath = runtime_dir() / "jars" / "classpath.txt"
+    if not classpath.is_file():
+        raise SetupError(f"{classpath} is missing: run `make setup` to assemble the Iceberg runtime jars")
+    return [jar for jar in classpath.read_text().strip().split(",") if jar]
+
+
+def warehouse_uri(settings: Settings) -> str:
+    warehouse = settings.lakehouse.warehouse
+    if "://" in warehouse:
+        return warehouse
+    return settings.resolve(warehouse).as_uri()
+
+
+def pyiceberg_uri(settings: Settings) -> str:
+    """The SQLAlchemy URI, with a relative SQLite path made absolute against the config file's folder."""
+    uri = settings.lakehouse.catalog_uri.get_secret_value()
+    url = make_url(uri)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_absolute():
+        database = settings.resolve(url.database)
+        database.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{database}"
+    return uri
+
+
+def catalog_properties(settings: Settings) -> dict[str, str]:
+    warehouse = warehouse_uri(settings)
+    if warehouse.startswith("file:"):
+        Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return {"uri": pyiceberg_uri(settings), "warehouse": warehouse}
+
+
+def load_catalog(settings: Settings) -> Any:
+    """The pyiceberg SQL catalog; it creates the catalog tables on first use (Spark must not: see below)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog(settings.lakehouse.catalog_name, **catalog_properties(settings))
+
+
+def jdbc_catalog_conf(settings: Settings) -> dict[str, str]:
+    """Spark's view of the same JDBC catalog."""
+    url = make_url(pyiceberg_uri(settings))
+    backend = url.get_backend_name()
+    prefix = f"spark.sql.catalog.{settings.lakehouse.catalog_name}"
+    conf = {
+        prefix: "org.apache.iceberg.spark.SparkCatalog",
+        f"{prefix}.type": "jdbc",
+        f"{prefix}.warehouse": warehouse_uri(settings),
+        # Iceberg leaves a metadata ResultSet open while creating catalog tables; on SQLite that lock lasts the
+        # JVM's lifetime and every pyiceberg commit then fails with "database is locked". pyiceberg creates them.
+        f"{prefix}.jdbc.init-catalog-tables": "false",
+        f"{prefix}.jdbc.schema-version": "V1",
+        # Without this a long-lived session never sees the ingester's commits.
+        f"{prefix}.cache-enabled": "false",
+    }
+    if backend == "sqlite":
+        conf[f"{prefix}.uri"] = f"jdbc:sqlite:{url.database}"
+    elif backend == "postgresql":
+        port = f":{url.port}" if url.port else ""
+        conf[f"{prefix}.uri"] = f"jdbc:postgresql://{url.host or 'localhost'}{port}/{url.database}"
+        if url.username:
+            conf[f"{prefix}.jdbc.user"] = url.username
+        if url.password:
+            conf[f"{prefix}.jdbc.password"] = str(url.password)
+    else:
+        raise ConfigError(f"lakehouse.catalog_uri: backend {backend!r} is not supported (use sqlite or postgresql)")
+    return conf
+
+
+def read_spark_defaults(path: Path) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition(" ")
+        conf[key] = value.strip()
+    return conf
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Every Spark setting of this lakehouse: static defaults, derived catalog, jars, then user overrides."""
+    conf = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf")
+    conf.update(jdbc_catalog_conf(settings))
+    conf["spark.sql.defaultCatalog"] = settings.lakehouse.catalog_name
+    conf["spark.sql.warehouse.dir"] = str(runtime_dir() / "spark-warehouse")
+    conf["spark.jars"] = ",".join(spark_jars())
+    conf["spark.master"] = settings.spark.master
+    conf["spark.driver.memory"] = settings.spark.driver_memory
+    conf.update(settings.spark.conf)
+    return conf
+
+
+def secret_spark_keys(conf: dict[str, str]) -> set[str]:
+    return {key for key in conf if key.endswith(".password")}

@@ -1,0 +1,296 @@
+"""The ingest pipeline: read -> decode -> write -> commit, with bronze as the only durable state.
+
+- read: the source hands over raw records, positioned from bronze's offsets.
+- decode: each record becomes a bronze row (or a dead letter with a reason); replays below a table's committed
+  offset are skipped.
+- write: rows are buffered per table until ``max_records``, ``max_bytes`` or ``latency_threshold_s`` (IBM CDC's
+  unit-of-work latency threshold), whichever comes first.
+- commit: dead letters first, then each touched table once (in parallel), each with the offsets it covers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row
+from ingest.bronze.evolution import merge_schemas, normalized
+from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
+from ingest.bronze.rows import BronzeRow, Layout, RowBuilder
+from ingest.bronze.tables import BronzeTables, Offsets, TableBatch, merge_offsets
+from ingest.config import IngestSettings
+from ingest.debezium.envelope import RawRecord, RecordKind, decode
+from ingest.errors import DecodeError, TypeConflictError
+from ingest.metrics import IngestMetrics
+from ingest.sources.base import Source
+
+log = logging.getLogger(__name__)
+POLL_BATCH = 5000
+
+
+@dataclass
+class IngestStats:
+    records_in: int = 0
+    written: int = 0
+    dead_letters: int = 0
+    skipped: int = 0
+    flushes: int = 0
+    tables: set[str] = field(default_factory=set)
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        return self.records_in / max(time.monotonic() - self.started_at, 1e-9)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: IngestSettings,
+        tables: BronzeTables,
+        source: Source,
+        metrics: IngestMetrics | None = None,
+        on_progress: Callable[[IngestStats], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.tables = tables
+        self.source = source
+        self.metrics = metrics or IngestMetrics()
+        self.on_progress = on_progress
+        self.stats = IngestStats()
+        self.stop_requested = threading.Event()
+        self._builder = RowBuilder(settings.variable_scale_decimal_scale)
+        self._committed: dict[str, Offsets] = {}
+        self._schemas: dict[str, pa.Schema | None] = {}
+        self._seen_schemas: dict[str, set[int]] = {}
+        self._layouts: dict[str, str | None] = {}
+        self._buffer: dict[str, TableBatch] = {}
+        self._buffered_records = 0
+        self._buffered_bytes = 0
+        self._first_buffered_at: float | None = None
+        self._lock = threading.RLock()
+
+    # -- positions ------------------------------------------------------------------------------------------
+    def table_for(self, topic: str) -> str:
+        return bronze_table_name(topic, self.settings.table_mapping)
+
+    def _load_table_state(self, name: str) -> None:
+        table = self.tables.load(name)
+        if table is None:
+            self._committed[name], self._schemas[name], self._layouts[name] = {}, None, None
+            return
+        from ingest.bronze.tables import LAYOUT_PROPERTY, OFFSETS_PROPERTY, decode_offsets
+
+        stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+        self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
+        self._schemas[name] = normalized(table.schema().as_arrow())
+        self._layouts[name] = table.properties.get(LAYOUT_PROPERTY)
+        self._seen_schemas[name] = set()
+
+    def _offsets(self, name: str) -> Offsets:
+        if name not in self._committed:
+            self._load_table_state(name)
+        return self._committed[name]
+
+    def resolve(self, topic: str, partition: int) -> int | None:
+        """Where a partition resumes: the offset its bronze table committed (fresh from the catalog)."""
+        with self._lock:
+            name = self.table_for(topic)
+            self._load_table_state(name)
+            self._load_table_state(DEAD_LETTER_TABLE)
+            return self._committed[name].get((topic, partition))
+
+    # -- decode & buffer --------------------------------------------------------------------------------------
+    def _check_schema(self, name: str, row: BronzeRow) -> None:
+        """Reject (as a dead letter) a record whose columns cannot be unioned into the table's."""
+        seen = self._seen_schemas.setdefault(name, set())
+        if id(row.schema) in seen:
+            return
+        layout = self._layouts.get(name)
+        if layout is not None and layout != row.layout.value:
+            raise DecodeError(
+                f"table {self.tables.identifier(name)} holds {layout} records but this record is "
+                f"{row.layout.value} (schemas.enable differs between records of one topic)"
+            )
+        merged = merge_schemas(self.tables.identifier(name), self._schemas.get(name), row.schema)
+        self._schemas[name] = merged
+        self._layouts[name] = row.layout.value
+        seen.add(id(row.schema))
+
+    def accept(self, record: RawRecord, ingested_at: dt.datetime) -> None:
+        self.stats.records_in += 1
+        self.metrics.records_in.labels(record.topic).inc()
+        name = self.table_for(record.topic)
+        tp = (record.topic, record.partition)
+        if record.offset < self._offsets(name).get(tp, -1):
+            self._skip("replay")
+            return
+        try:
+            envelope = decode(record)
+            if envelope.kind is RecordKind.HEARTBEAT and self.settings.skip_heartbeats:
+                self._skip("heartbeat")
+                return
+            row = self._builder.build(record, envelope, ingested_at)
+            self._check_schema(name, row)
+        except DecodeError as error:
+            if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
+                raise
+            self._dead_letter(record, name, error, ingested_at)
+            return
+        batch = self._buffer.get(name)
+        if batch is None:
+            kind = "change" if envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else envelope.kind.value
+            batch = self._buffer[name] = TableBatch(name, row.layout, kind)
+        if all(schema is not row.schema for schema in batch.schemas):
+            batch.schemas.append(row.schema)
+        batch.rows.append(row.row)
+        batch.offsets[tp] = record.offset + 1
+        self._note_buffered(record)
+
+    def _dead_letter(self, record: RawRecord, name: str, error: Exception, ingested_at: dt.datetime) -> None:
+        tp = (record.topic, record.partition)
+        if record.offset < self._offsets(DEAD_LETTER_TABLE).get(tp, -1):
+            self._skip("replay")
+            return
+        log.warning(
+            "dead letter %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            error,
+            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+        )
+        batch = self._buffer.get(DEAD_LETTER_TABLE)
+        if batch is None:
+            batch = self._buffer[DEAD_LETTER_TABLE] = TableBatch(DEAD_LETTER_TABLE, Layout.TYPED, "dead_letter")
+            batch.schemas.append(DEAD_LETTER_SCHEMA)
+        batch.rows.append(dead_letter_row(record, self.tables.identifier(name), error, ingested_at))
+        batch.offsets[tp] = record.offset + 1
+        self.stats.dead_letters += 1
+        self.metrics.dead_letters.labels(record.topic).inc()
+        # The data table's offset must also move past this record once it commits, or a restart re-reads it.
+        data_batch = self._buffer.get(name)
+        if data_batch is not None and tp in data_batch.offsets:
+            data_batch.offsets[tp] = record.offset + 1
+        self._note_buffered(record)
+
+    def _skip(self, reason: str) -> None:
+        self.stats.skipped += 1
+        self.metrics.records_skipped.labels(reason).inc()
+
+    def _note_buffered(self, record: RawRecord) -> None:
+        self._buffered_records += 1
+        self._buffered_bytes += record.size
+        if self._first_buffered_at is None:
+            self._first_buffered_at = time.monotonic()
+
+    # -- commit -------------------------------------------------------------------------------------------------
+    def flush_due(self) -> bool:
+        if self._first_buffered_at is None:
+            return False
+        return (
+            self._buffered_records >= self.settings.max_records
+            or self._buffered_bytes >= self.settings.max_bytes
+            or time.monotonic() - self._first_buffered_at >= self.settings.latency_threshold_s
+        )
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._buffer:
+                return
+            started = time.monotonic()
+            buffer, self._buffer = self._buffer, {}
+            self._buffered_records = self._buffered_bytes = 0
+            self._first_buffered_at = None
+            # Dead letters first: a crash before the data tables commit re-reads those records, and the dead
+            # letters among them are then recognised by the dead-letter table's offsets.
+            dead = buffer.pop(DEAD_LETTER_TABLE, None)
+            if dead is not None:
+                self._commit(dead)
+            batches = list(buffer.values())
+            if len(batches) == 1 or self.settings.writer_threads == 1:
+                for batch in batches:
+                    self._commit(batch)
+            else:
+                with ThreadPoolExecutor(max_workers=self.settings.writer_threads, thread_name_prefix="commit") as pool:
+                    for future in [pool.submit(self._commit, batch) for batch in batches]:
+                        future.result()
+            advisory: dict[tuple[str, int], int] = {}
+            for batch in [*batches, *([dead] if dead else [])]:
+                for tp, offset in batch.offsets.items():
+                    advisory[tp] = max(offset, advisory.get(tp, 0))
+            self.source.commit_advisory(advisory)
+            elapsed = time.monotonic() - started
+            self.metrics.flush_seconds.observe(elapsed)
+            self.metrics.last_commit.set_to_current_time()
+            self.metrics.progress()
+            self.stats.flushes += 1
+            log.info(
+                "flushed %d table(s) in %.2fs",
+                len(batches) + (dead is not None),
+                elapsed,
+                extra={"tables": sorted(b.name for b in batches), "seconds": round(elapsed, 3)},
+            )
+
+    def _commit(self, batch: TableBatch) -> None:
+        try:
+            written = self.tables.commit(batch)
+        except Exception:
+            self.metrics.commit_failures.labels(batch.name).inc()
+            raise
+        self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)
+        if batch.name != DEAD_LETTER_TABLE:
+            self.stats.written += written
+            self.stats.tables.add(batch.name)
+            self.metrics.records_written.labels(batch.name).inc(written)
+            # Evolution happened in the commit: re-read the table's schema next time it matters.
+            self._seen_schemas.pop(batch.name, None)
+            self._committed.pop(batch.name, None)
+
+    def revoke(self, partitions: list[tuple[str, int]]) -> None:
+        """Before partitions move to another process, commit what is buffered (rebalance callback)."""
+        self.flush()
+        for topic, _partition in partitions:
+            self._committed.pop(self.table_for(topic), None)
+
+    # -- loop ---------------------------------------------------------------------------------------------------
+    def run(self, once: bool = False) -> IngestStats:
+        """Run until stopped (or, with ``once``, until every partition is read to its end); commit on exit."""
+        self.source.start(self.resolve)
+        self.metrics.health_reason = "running"
+        try:
+            while not self.stop_requested.is_set():
+                timeout = 0.2 if once else 1.0
+                if self._first_buffered_at is not None:
+                    left = self.settings.latency_threshold_s - (time.monotonic() - self._first_buffered_at)
+                    timeout = max(min(timeout, left), 0.0)
+                capacity = max(min(POLL_BATCH, self.settings.max_records - self._buffered_records), 1)
+                records = self.source.poll(capacity, timeout)
+                if records:
+                    now = dt.datetime.now(dt.UTC)
+                    for record in records:
+                        self.accept(record, now)
+                if self.flush_due():
+                    self.flush()
+                if not records and self.source.caught_up():
+                    self.metrics.progress()
+                    if once:
+                        break
+                if self.on_progress is not None:
+                    self.on_progress(self.stats)
+                self._update_lag()
+            self.flush()
+        finally:
+            self.source.close()
+        return self.stats
+
+    def _update_lag(self) -> None:
+        for (topic, partition), lag in self.source.lag().items():
+            self.metrics.lag.labels(topic, str(partition)).set(lag)

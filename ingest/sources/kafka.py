@@ -1,0 +1,175 @@
+"""Debezium topics on a Kafka cluster (confluent-kafka / librdkafka).
+
+Partitions are positioned from bronze's own offsets on every assignment, so a restart or a rebalance resumes
+exactly where the bronze tables say; the consumer group's committed offsets are written for monitoring only.
+Catch-up for ``--once`` is detected with partition EOF events, not with ListOffsets (unreliable on some
+Kafka-protocol brokers).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from ingest.config import SourceSettings
+from ingest.debezium.envelope import RawRecord
+from ingest.errors import CdclakeError
+from ingest.sources.base import OffsetResolver
+
+log = logging.getLogger(__name__)
+
+RevokeHook = Callable[[list[tuple[str, int]]], None]
+
+
+class KafkaSourceError(CdclakeError):
+    """The broker reported an error the client cannot recover from (message names topic/partition)."""
+
+
+def consumer_config(settings: SourceSettings) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "group.id": settings.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+        "topic.metadata.refresh.interval.ms": 5000,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "queued.max.messages.kbytes": 256 * 1024,
+    }
+    # User settings (security.protocol, sasl.*, ssl.*, ...) pass through unchanged and win.
+    config.update(settings.consumer_config())
+    return config
+
+
+def _coordinates(message: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset; always set on data and EOF messages (the stubs allow None)."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None
+    assert partition is not None
+    return topic, partition, -1 if offset is None else offset
+
+
+class KafkaSource:
+    def __init__(self, settings: SourceSettings, on_revoke: RevokeHook | None = None) -> None:
+        self.settings = settings
+        self.on_revoke = on_revoke
+        self._consumer: Consumer | None = None
+        self._resolve: OffsetResolver | None = None
+        self._assigned: set[tuple[str, int]] = set()
+        self._at_eof: set[tuple[str, int]] = set()
+        self._positions: dict[tuple[str, int], int] = {}
+        self._started_at = 0.0
+        self._assigned_once = False
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self, resolve: OffsetResolver) -> None:
+        self._resolve = resolve
+        self._consumer = Consumer(consumer_config(self.settings), logger=log)
+        if self.settings.topic_pattern:
+            pattern = self.settings.topic_pattern
+            subscription = [pattern if pattern.startswith("^") else "^" + pattern]
+        else:
+            subscription = list(self.settings.topics)
+        self._consumer.subscribe(subscription, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke)
+        self._started_at = time.monotonic()
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    # -- rebalance callbacks (run inside poll) --------------------------------------------------------------
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._resolve is not None
+        for partition in partitions:
+            start = self._resolve(partition.topic, partition.partition)
+            partition.offset = OFFSET_BEGINNING if start is None else start
+            tp = (partition.topic, partition.partition)
+            self._assigned.add(tp)
+            self._at_eof.discard(tp)
+            log.info("assigned %s[%d] from offset %s", tp[0], tp[1], "beginning" if start is None else start)
+        consumer.assign(partitions)
+        self._assigned_once = True
+
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = [(p.topic, p.partition) for p in partitions]
+        if self.on_revoke is not None and lost:
+            # Commit what is buffered for these partitions before another process takes them over.
+            self.on_revoke(lost)
+        for tp in lost:
+            self._assigned.discard(tp)
+            self._at_eof.discard(tp)
+            self._positions.pop(tp, None)
+        consumer.unassign()
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        assert self._consumer is not None, "start() first"
+        messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
+        batch: list[RawRecord] = []
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self._at_eof.add(_coordinates(message)[:2])
+                    continue
+                if error.fatal() or error.code() in (
+                    KafkaError.UNKNOWN_TOPIC_OR_PART,
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                ):
+                    raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
+                log.warning("kafka: %s", error.str())
+                continue
+            topic, partition, offset = _coordinates(message)
+            tp = (topic, partition)
+            self._at_eof.discard(tp)
+            self._positions[tp] = offset + 1
+            timestamp_type, timestamp = message.timestamp()
+            batch.append(
+                RawRecord(
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                    timestamp_ms=timestamp if timestamp_type else None,
+                    key=message.key(),
+                    value=message.value(),
+                )
+            )
+        return batch
+
+    def caught_up(self) -> bool:
+        if not self._assigned:
+            # Nothing assigned yet: wait for the group join, then give up (no such topics).
+            return not self._assigned_once and time.monotonic() - self._started_at > 15.0
+        return self._assigned <= self._at_eof
+
+    def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        if self._consumer is None or not offsets:
+            return
+        mine = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if (t, p) in self._assigned]
+        if not mine:
+            return
+        try:
+            self._consumer.commit(offsets=mine, asynchronous=True)
+        except KafkaException as exc:  # advisory: never fail the flush for it
+            log.debug("advisory offset commit failed: %s", exc)
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        if self._consumer is None:
+            return {}
+        lags: dict[tuple[str, int], int] = {}
+        for tp, position in self._positions.items():
+            try:
+                _low, high = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            except KafkaException:
+                continue
+            if high is not None and high >= 0:
+                lags[tp] = max(high - position, 0)
+        return lags

