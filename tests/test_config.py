@@ -1,0 +1,112 @@
+"""cdclake.yml: the documented format validates; mistakes fail naming the key; secrets stay hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ingest.config import load_settings, redact
+from ingest.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cdclake.yml"
+    path.write_text(text)
+    return path
+
+
+def test_documented_format_loads(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+lakehouse:
+  warehouse: /abs/path/warehouse
+  catalog_uri: sqlite:////abs/path/catalog.db
+source:
+  type: kafka
+  bootstrap_servers: 127.0.0.1:9092
+  topics: [dbserver1.inventory.customers]
+  consumer:
+    security.protocol: SASL_SSL
+""",
+    )
+    settings = load_settings(path, environ={})
+    source = settings.require_source()
+    assert source.topics == ["dbserver1.inventory.customers"]
+    assert source.consumer_config() == {"security.protocol": "SASL_SSL"}
+    assert settings.lakehouse.catalog_uri.get_secret_value() == "sqlite:////abs/path/catalog.db"
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n  bootstrap_server: x\n")
+    with pytest.raises(ConfigError, match=r"source\.bootstrap_server: Extra inputs are not permitted"):
+        load_settings(path, environ={})
+
+
+def test_bad_value_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "ingest:\n  max_records: -3\n")
+    with pytest.raises(ConfigError, match=r"ingest\.max_records"):
+        load_settings(path, environ={})
+
+
+def test_file_source_needs_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"source\.path is required"):
+        load_settings(write(tmp_path, "source:\n  type: file\n"), environ={})
+
+
+def test_env_overrides_every_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n")
+    env = {
+        "CDCLAKE__SOURCE__BOOTSTRAP_SERVERS": "broker:9093",
+        "CDCLAKE__INGEST__MAX_RECORDS": "42",
+        "CDCLAKE__SOURCE__TOPICS": "[x, y]",
+        "CDCLAKE__SOURCE__CONSUMER__SASL_PASSWORD": "hunter2-secret",
+    }
+    settings = load_settings(path, environ=env)
+    source = settings.require_source()
+    assert source.bootstrap_servers == "broker:9093"
+    assert source.topics == ["x", "y"]
+    assert settings.ingest.max_records == 42
+    assert source.consumer_config()["sasl.password"] == "hunter2-secret"
+
+
+def test_secrets_from_environment_are_never_shown(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+lakehouse:
+  catalog_uri: postgresql+psycopg2://iceberg:${DB_PASS}@db:5432/iceberg
+source:
+  type: kafka
+  topics: [a]
+  consumer:
+    sasl.password: ${SASL_PASS}
+""",
+    )
+    settings = load_settings(path, environ={"DB_PASS": "pg-secret-1", "SASL_PASS": "sasl-secret-2"})
+    shown = repr(settings) + str(settings.model_dump())
+    assert "pg-secret-1" not in shown
+    assert "sasl-secret-2" not in shown
+    message = redact("failed with sasl-secret-2 at postgresql://iceberg:pg-secret-1@db", settings)
+    assert "secret" not in message
+    assert "***" in message
+
+
+def test_missing_env_reference_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n  consumer:\n    sasl.password: ${NOPE}\n")
+    with pytest.raises(ConfigError, match=r"NOPE is referenced but not set"):
+        load_settings(path, environ={})
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "ingest:\n  max_records: 7\n")
+    assert load_settings(environ={"CDCLAKE_CONFIG": str(path)}).ingest.max_records == 7
+    with pytest.raises(ConfigError, match="file not found"):
+        load_settings(environ={"CDCLAKE_CONFIG": str(tmp_path / "missing.yml")})
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "lakehouse:\n  warehouse: lh/wh\n")
+    settings = load_settings(path, environ={})
+    assert settings.resolve(settings.lakehouse.warehouse) == (tmp_path / "lh" / "wh").resolve()

@@ -1,0 +1,77 @@
+"""The Debezium envelope: kinds, schemas on/off, and the reasons bad records are rejected with."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from ingest.debezium.envelope import RawRecord, RecordKind, decode
+from ingest.errors import DecodeError
+
+SOURCE = {"connector": "informix", "commit_lsn": "10", "change_lsn": "9", "db": "d", "schema": "s", "table": "t"}
+
+
+def record(value: object, key: object = None, topic: str = "p.s.t", raw: bytes | None = None) -> RawRecord:
+    key_bytes = None if key is None else orjson.dumps(key)
+    value_bytes = raw if raw is not None else (None if value is None else orjson.dumps(value))
+    return RawRecord(topic, 0, 7, 1000, key_bytes, value_bytes)
+
+
+def test_change_without_schema() -> None:
+    env = decode(record({"op": "c", "after": {"id": 1}, "source": SOURCE}, key={"id": 1}))
+    assert env.kind is RecordKind.CHANGE
+    assert env.value_schema is None
+    assert env.ordering == [10, 9]
+
+
+def test_change_with_schema() -> None:
+    value = {"schema": {"type": "struct", "fields": []}, "payload": {"op": "r", "after": {"id": 1}, "source": SOURCE}}
+    key = {"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]}, "payload": {"id": 1}}
+    env = decode(record(value, key=key))
+    assert env.kind is RecordKind.CHANGE
+    assert env.value_schema == {"type": "struct", "fields": []}
+    assert env.key == {"id": 1}
+
+
+def test_tombstones_both_forms() -> None:
+    assert decode(record(None, key={"id": 1})).kind is RecordKind.TOMBSTONE
+    assert decode(record({"schema": None, "payload": None}, key={"id": 1})).kind is RecordKind.TOMBSTONE
+
+
+def test_transaction_schema_change_and_heartbeat() -> None:
+    assert (
+        decode(record({"status": "BEGIN", "id": "571:53195829"}, topic="p.transaction")).kind is RecordKind.TRANSACTION
+    )
+    assert decode(record({"ddl": "ALTER TABLE ...", "source": {}}, topic="p")).kind is RecordKind.SCHEMA_CHANGE
+    assert decode(record({"ts_ms": 1}, topic="__debezium-heartbeat.p")).kind is RecordKind.HEARTBEAT
+
+
+def test_mongodb_update_with_update_description_only() -> None:
+    source = {"connector": "mongodb", "ts_ms": 1000, "ord": 1}
+    value = {"op": "u", "after": None, "updateDescription": {"updatedFields": "{}"}, "source": source}
+    assert decode(record(value, key={"id": '{"$oid": "x"}'})).kind is RecordKind.CHANGE
+
+
+@pytest.mark.parametrize(
+    ("value", "raw", "key", "message"),
+    [
+        (None, b'{"op": "c", "after": {"id"', None, "value: not valid JSON"),
+        (None, b'{"op": "c", "after": "\xff\xfe"}', None, "not valid UTF-8"),
+        ({"after": {"id": 1}, "source": SOURCE}, None, None, "no 'op' field"),
+        ({"op": "x", "after": {"id": 1}, "source": SOURCE}, None, None, "unknown op 'x'"),
+        ({"op": "c", "after": None, "source": SOURCE}, None, None, "op 'c' without an 'after' image"),
+        ({"op": "c", "after": {"id": 1}, "source": {**SOURCE, "connector": "cobol"}}, None, None, "unknown connector"),
+        ({"op": "c", "after": {"id": 1}, "source": {**SOURCE, "commit_lsn": "1e5"}}, None, None, "commit_lsn"),
+        (
+            {"op": "c", "after": {"id": 2}, "source": SOURCE},
+            None,
+            {"id": 1},
+            "key field id=1 does not match after.id=2",
+        ),
+        ({"op": "d", "before": {"ID": 3}, "source": SOURCE}, None, {"id": 1}, "does not match before.id=3"),
+        ([1, 2], None, None, "expected a JSON object"),
+    ],
+)
+def test_bad_records_name_the_problem(value: object, raw: bytes | None, key: object, message: str) -> None:
+    with pytest.raises(DecodeError, match=message.replace("(", r"\(")):
+        decode(record(value, key=key, raw=raw))

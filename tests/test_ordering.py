@@ -1,0 +1,80 @@
+"""Ordering values: numeric, per connector, never string comparison (field notes §4.1, Hudi #9475)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ingest.debezium.ordering import MISSING, ordering
+from ingest.errors import DecodeError
+
+
+def test_db2_lsn_compares_segment_wise() -> None:
+    older = ordering(
+        {"connector": "db2", "commit_lsn": "00000027:00000758:0005", "change_lsn": "00000027:00000758:0003"}
+    )
+    newer = ordering(
+        {"connector": "db2", "commit_lsn": "00000027:00000ac0:0007", "change_lsn": "00000027:00000ac0:0002"}
+    )
+    assert older == [0x27, 0x758, 5, 0x27, 0x758, 3]
+    assert older < newer
+
+
+def test_informix_lsns_compare_as_integers_not_strings() -> None:
+    # As strings "99" > "100"; as positions 100 is later.
+    a = ordering({"connector": "informix", "commit_lsn": "99", "change_lsn": "5"})
+    b = ordering({"connector": "informix", "commit_lsn": "100", "change_lsn": "1"})
+    assert a < b
+    assert "99" > "100"  # the trap the ordering avoids
+
+
+def test_oracle_commit_scn_then_scn() -> None:
+    first = ordering({"connector": "oracle", "commit_scn": "2122185", "scn": "2122184"})
+    second = ordering({"connector": "oracle", "commit_scn": "2122185", "scn": "2122190"})
+    assert first < second
+    snapshot = ordering({"connector": "oracle", "scn": "2122000"})
+    assert snapshot == [MISSING, 2122000]
+    assert snapshot < first
+
+
+def test_mongodb_seconds_then_ord() -> None:
+    assert ordering({"connector": "mongodb", "ts_ms": 1558965508000, "ord": 2}) > ordering(
+        {"connector": "mongodb", "ts_ms": 1558965508000, "ord": 1}
+    )
+
+
+def test_postgresql_sequence_pair() -> None:
+    assert ordering({"connector": "postgresql", "sequence": '["22261816","22262048"]', "lsn": 22262048}) == [
+        22261816,
+        22262048,
+    ]
+    assert ordering({"connector": "postgresql", "sequence": '[null,"22260056"]'}) == [MISSING, 22260056]
+    assert ordering({"connector": "postgresql", "lsn": 5}) == [MISSING, 5]
+
+
+def test_mysql_binlog_file_number_is_numeric() -> None:
+    a = ordering({"connector": "mysql", "file": "mysql-bin.000009", "pos": 900, "row": 0})
+    b = ordering({"connector": "mysql", "file": "mysql-bin.000010", "pos": 4, "row": 0})
+    assert a < b
+
+
+def test_sqlserver_adds_event_serial_no() -> None:
+    value = ordering(
+        {"connector": "sqlserver", "commit_lsn": "00000025:00000d08:0025", "change_lsn": None, "event_serial_no": 2}
+    )
+    assert value == [0x25, 0xD08, 0x25, MISSING, MISSING, MISSING, 2]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"connector": "informix", "commit_lsn": "12a"}, "source.commit_lsn='12a' is not a valid informix position"),
+        ({"connector": "db2", "commit_lsn": "zz:00:00"}, "not a valid db2 LSN"),
+        ({"connector": "db2", "commit_lsn": "0001:0002"}, "not a valid db2 LSN"),
+        ({"connector": "oracle", "scn": -4}, "negative"),
+        ({"connector": "cobol"}, "unknown connector 'cobol'"),
+        ({"connector": "postgresql", "sequence": "[1,2"}, "not valid JSON"),
+    ],
+)
+def test_malformed_positions_are_rejected_with_reason(source: dict[str, object], message: str) -> None:
+    with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ordering(source)

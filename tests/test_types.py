@@ -1,0 +1,149 @@
+"""Debezium logical types become real Arrow/Iceberg types; values that do not fit are errors, never zeros."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from ingest.debezium.types import TIME_TYPE, arrow_type, converter
+from ingest.errors import DecodeError
+
+
+def dec_bytes(unscaled: int) -> str:
+    length = (unscaled.bit_length() + 8) // 8
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+CASES: list[tuple[dict[str, Any], Any, pa.DataType, Any]] = [
+    (
+        {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        },
+        dec_bytes(-12345),
+        pa.decimal128(10, 2),
+        decimal.Decimal("-123.45"),
+    ),
+    (
+        {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+        {"scale": 3, "value": dec_bytes(1500)},
+        pa.decimal128(38, 10),
+        decimal.Decimal("1.5000000000"),
+    ),
+    ({"type": "int32", "name": "io.debezium.time.Date"}, 19000, pa.date32(), dt.date(2022, 1, 8)),
+    ({"type": "int32", "name": "org.apache.kafka.connect.data.Time"}, 1500, TIME_TYPE, 1_500_000),
+    ({"type": "int64", "name": "io.debezium.time.MicroTime"}, 1_500_001, TIME_TYPE, 1_500_001),
+    ({"type": "int64", "name": "io.debezium.time.NanoTime"}, 1_500_001_000, TIME_TYPE, 1_500_001),
+    (
+        {"type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"},
+        1559729468470,
+        pa.timestamp("us"),
+        dt.datetime(2019, 6, 5, 10, 11, 8, 470000),
+    ),
+    (
+        {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+        1559729468470123,
+        pa.timestamp("us"),
+        dt.datetime(2019, 6, 5, 10, 11, 8, 470123),
+    ),
+    (
+        {"type": "int64", "name": "io.debezium.time.NanoTimestamp"},
+        1559729468470123456,
+        pa.timestamp("us"),
+        dt.datetime(2019, 6, 5, 10, 11, 8, 470123),
+    ),
+    (
+        {"type": "string", "name": "io.debezium.time.ZonedTimestamp"},
+        "2019-06-05T12:11:08.47+02:00",
+        pa.timestamp("us", tz="UTC"),
+        dt.datetime(2019, 6, 5, 10, 11, 8, 470000, tzinfo=dt.UTC),
+    ),
+    ({"type": "string", "name": "io.debezium.data.Json"}, '{"a": 1}', pa.string(), '{"a": 1}'),
+    (
+        {"type": "string", "name": "io.debezium.data.Uuid"},
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+        pa.string(),
+        "0f8fad5b-d9cb-469f-a165-70867728950e",
+    ),
+    ({"type": "string", "name": "io.debezium.data.Enum", "parameters": {"allowed": "a,b"}}, "a", pa.string(), "a"),
+    ({"type": "bytes"}, base64.b64encode(b"\x00\xff").decode(), pa.binary(), b"\x00\xff"),
+    ({"type": "int16"}, -3, pa.int32(), -3),
+    ({"type": "int64"}, 2**40, pa.int64(), 2**40),
+    ({"type": "float"}, 1.5, pa.float32(), 1.5),
+    ({"type": "double"}, "NaN", pa.float64(), None),  # checked separately below
+    ({"type": "boolean"}, True, pa.bool_(), True),
+    ({"type": "array", "items": {"type": "string"}}, ["x", None], pa.list_(pa.string()), ["x", None]),
+    (
+        {"type": "map", "keys": {"type": "string"}, "values": {"type": "int32"}},
+        {"k": 1},
+        pa.map_(pa.string(), pa.int32()),
+        [("k", 1)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "raw", "expected_type", "expected"), CASES)
+def test_logical_types(schema: dict[str, Any], raw: Any, expected_type: pa.DataType, expected: Any) -> None:
+    assert arrow_type(schema) == expected_type
+    value = converter(schema)(raw, "after.col")
+    if expected is None:
+        assert value != value  # NaN
+    else:
+        assert value == expected
+    # The value builds an Arrow array of its column type (what bronze writes).
+    pa.array([value], type=expected_type)
+
+
+@pytest.mark.parametrize(
+    ("schema", "raw", "message"),
+    [
+        ({"type": "int32"}, "abc", "after.col: expected int32, got str 'abc'"),
+        ({"type": "int32"}, 2**31, "expected int32"),
+        ({"type": "int64"}, 1.5, "expected int64"),
+        ({"type": "int32"}, True, "expected int32"),
+        ({"type": "boolean"}, 1, "expected boolean"),
+        ({"type": "string"}, 5, "expected string"),
+        ({"type": "bytes"}, "not base64!", "expected base64"),
+        ({"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, "yesterday", "ISO-8601"),
+        (
+            {
+                "type": "bytes",
+                "name": "org.apache.kafka.connect.data.Decimal",
+                "parameters": {"scale": "0", "connect.decimal.precision": "3"},
+            },
+            dec_bytes(12345),
+            "out of range",
+        ),
+        (
+            {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+            {"scale": 12, "value": dec_bytes(1)},
+            "without rounding",
+        ),
+        (
+            {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}]},
+            {},
+            "after.col.id: required field is missing",
+        ),
+        (
+            {"type": "struct", "fields": [{"type": "int32", "optional": True, "field": "id"}]},
+            {"id": 1, "x": 2},
+            "not in the record's schema",
+        ),
+    ],
+)
+def test_values_that_do_not_fit_are_rejected(schema: dict[str, Any], raw: Any, message: str) -> None:
+    with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        converter(schema)(raw, "after.col")
+
+
+def test_numeric_decimal_format_is_accepted_exactly() -> None:
+    schema = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}
+    assert converter(schema)(12.5, "c") == decimal.Decimal("12.50")
+    with pytest.raises(DecodeError):
+        converter(schema)(12.555, "c")
