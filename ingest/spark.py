@@ -1,0 +1,26 @@
+"""The SparkSession of a lakehouse. dbt's session method and `cdclake sql` reuse it within one process."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ingest.config import Settings
+from ingest.lakehouse import spark_conf
+
+
+def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
+    """Create (or reuse) the process's SparkSession with every setting of this lakehouse."""
+    # pyspark turns timestamps into naive local datetimes: keep the Python side in UTC too.
+    os.environ.setdefault("TZ", "UTC")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
