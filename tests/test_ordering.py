@@ -78,3 +78,11 @@ def test_sqlserver_adds_event_serial_no() -> None:
 def test_malformed_positions_are_rejected_with_reason(source: dict[str, object], message: str) -> None:
     with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ordering(source)
+
+
+def test_connector_inferred_when_source_omits_it() -> None:
+    # The Oracle 1.5 docs' data events print no source.connector.
+    assert ordering({"scn": "2122185", "commit_scn": "2122186", "txId": "6.28.807"}) == [2122186, 2122185]
+    assert ordering({"rs": "rs0", "ts_ms": 1000, "ord": 3}) == [1000, 3]
+    with pytest.raises(DecodeError, match="unknown connector None"):
+        ordering({"db": "x"})

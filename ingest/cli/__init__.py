@@ -31,9 +31,12 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str, log_format:
 
 
 def _register() -> None:
-    from ingest.cli import ingest_cmd
+    from ingest.cli import dbt_cmd, ingest_cmd, scaffold_cmd
 
     cli.add_command(ingest_cmd.ingest)
+    cli.add_command(scaffold_cmd.scaffold)
+    cli.add_command(dbt_cmd.dbt)
+    cli.add_command(dbt_cmd.dbt_profile)
 
 
 _register()

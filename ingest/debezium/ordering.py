@@ -129,11 +129,29 @@ ORDERINGS: dict[str, Callable[[Mapping[str, Any]], Position]] = {
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
 
 
+def _infer_connector(source: Mapping[str, Any]) -> str | None:
+    """Older connectors (Oracle 1.x docs) omit ``source.connector``; the position fields still tell them apart."""
+    if "scn" in source:
+        return "oracle"
+    if "ord" in source and "rs" in source:
+        return "mongodb"
+    if "change_lsn" in source or "commit_lsn" in source:
+        lsn = source.get("commit_lsn") or source.get("change_lsn")
+        if isinstance(lsn, str) and ":" in lsn:
+            return "sqlserver" if "event_serial_no" in source else "db2"
+        return "informix"
+    if "file" in source and "pos" in source:
+        return "mysql"
+    if "lsn" in source or "sequence" in source:
+        return "postgresql"
+    return None
+
+
 def ordering(source: Any) -> Position:
     """The ordering value of one change event, from its ``source`` block."""
     if not isinstance(source, Mapping):
         raise DecodeError("the envelope has no source block")
-    connector = source.get("connector")
+    connector = source["connector"] if "connector" in source else _infer_connector(source)
     compute = ORDERINGS.get(connector) if isinstance(connector, str) else None
     if compute is None:
         known = ", ".join(sorted(ORDERINGS))

@@ -49,10 +49,17 @@ class Emitted:
 class Connector(Protocol):
     """A fake Debezium connector for one table."""
 
-    name: str
-    data_topic: str
-    transaction_topic: str
-    pk_change_is_one_statement: bool
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data_topic(self) -> str: ...
+
+    @property
+    def transaction_topic(self) -> str: ...
+
+    @property
+    def pk_change_is_one_statement(self) -> bool: ...
 
     def new_row(self, rng: Random, key_id: int) -> Row: ...
 
@@ -78,7 +85,9 @@ def snapshot_field(style: SnapshotStyle, *, allowed: str, seed_default: bool = T
     """``source.snapshot`` schema: the seeds' boolean, or the real connectors' ``io.debezium.data.Enum``."""
     if style == "enum":
         params = {"allowed": allowed}
-        return field("snapshot", schema("string", optional=True, name=ENUM, version=1, parameters=params, default="false"))
+        return field(
+            "snapshot", schema("string", optional=True, name=ENUM, version=1, parameters=params, default="false")
+        )
     if seed_default:
         return field("snapshot", schema("boolean", optional=True, default=False))
     return field("snapshot", schema("boolean", optional=True))

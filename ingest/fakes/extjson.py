@@ -51,6 +51,13 @@ class Binary:
 
 
 @dataclass(frozen=True, slots=True)
+class _Raw:
+    """Already-rendered JSON text (the ``$date`` millis, which are int64)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Layout:
     colon: str
     comma: str
@@ -66,7 +73,7 @@ def _wrapper(value: object) -> dict[str, object] | None:
     if isinstance(value, Decimal128):
         return {"$numberDecimal": str(value.value)}
     if isinstance(value, DateTime):
-        return {"$date": value.millis}
+        return {"$date": _Raw(str(value.millis))}
     if isinstance(value, ObjectId):
         return {"$oid": value.hex}
     if isinstance(value, Binary):
@@ -76,6 +83,8 @@ def _wrapper(value: object) -> dict[str, object] | None:
 
 def dumps(value: object, layout: Layout = DOCUMENT) -> str:
     """Strict-mode extended JSON text of a BSON-like value (dict, list, str, int32, bool, None, wrappers)."""
+    if isinstance(value, _Raw):
+        return value.text
     wrapped = _wrapper(value)
     if wrapped is not None:
         return dumps(wrapped, layout)

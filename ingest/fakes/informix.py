@@ -103,8 +103,16 @@ class InformixConnector(RelationalConnector):
         end_id = f"{tx.seq}:{tx.commit}"
         return f"{tx.seq}:{tx.begin}", end_id, end_id
 
-    def envelope(self, op: str, before: Row | None, after: Row | None, source: JsonDict, ts_ms: int,
-                 tx: JsonDict | None, rng: Random) -> JsonDict:  # fmt: skip
+    def envelope(
+        self,
+        op: str,
+        before: Row | None,
+        after: Row | None,
+        source: JsonDict,
+        ts_ms: int,
+        tx: JsonDict | None,
+        rng: Random,
+    ) -> JsonDict:
         ts_us = ts_ms * 1000 + rng.randrange(1000)
         return {
             "before": None if before is None else self.after_payload(before),

@@ -185,8 +185,16 @@ class RelationalConnector(abc.ABC):
         return TxPositions(self.tx_seq, begin, tuple(changes), commit, begin_ms, tuple(change_ms), commit_ms)
 
     # --- events ------------------------------------------------------------------------------------------
-    def envelope(self, op: str, before: Row | None, after: Row | None, source: JsonDict, ts_ms: int,
-                 tx: JsonDict | None, rng: Random) -> JsonDict:  # fmt: skip
+    def envelope(
+        self,
+        op: str,
+        before: Row | None,
+        after: Row | None,
+        source: JsonDict,
+        ts_ms: int,
+        tx: JsonDict | None,
+        rng: Random,
+    ) -> JsonDict:
         """The value payload in 1.x field order; Informix overrides for 2.x."""
         return {
             "before": None if before is None else self.after_payload(before),
@@ -218,22 +226,31 @@ class RelationalConnector(abc.ABC):
         """One committed transaction: BEGIN, its change events (+ tombstones), END."""
         tx = self._allocate(rng, statements)
         begin_id, end_id, data_id = self.tx_ids(tx)
-        out = [Emitted(self.transaction_topic, self.tx_style.key(begin_id),
-                       self.tx_style.begin(begin_id, tx.begin_ms), self._processing_ms(rng, tx.begin_ms))]  # fmt: skip
+        out = [
+            Emitted(
+                self.transaction_topic,
+                self.tx_style.key(begin_id),
+                self.tx_style.begin(begin_id, tx.begin_ms),
+                self._processing_ms(rng, tx.begin_ms),
+            )
+        ]
         order = 0
         for statement, change, change_ms in zip(statements, tx.changes, tx.change_ms, strict=True):
             for row_op in statement:
                 order += 1
                 source = self.change_source(self.source_ms(tx, change_ms), tx, change)
                 ts = self._processing_ms(rng, tx.commit_ms)
-                value = self.envelope(row_op.op, row_op.before, row_op.after, source, ts,
-                                      block(data_id, order, order), rng)  # fmt: skip
+                value = self.envelope(
+                    row_op.op, row_op.before, row_op.after, source, ts, block(data_id, order, order), rng
+                )
                 key = self._key_bytes(_identity(row_op))
                 out.append(Emitted(self.data_topic, key, serialize(self._value_schema, value), ts))
                 if row_op.op == "d":
                     out.append(Emitted(self.data_topic, key, None, ts))
         end = self.tx_style.end(end_id, tx.commit_ms, [(self.data_collection, order)])
-        out.append(Emitted(self.transaction_topic, self.tx_style.key(end_id), end, self._processing_ms(rng, tx.commit_ms)))
+        out.append(
+            Emitted(self.transaction_topic, self.tx_style.key(end_id), end, self._processing_ms(rng, tx.commit_ms))
+        )
         return out
 
     def source_ms(self, tx: TxPositions, change_ms: int) -> int:

@@ -23,7 +23,11 @@ class TxMetaStyle:
 
     def block_schema(self) -> JsonDict:
         """The envelope's optional ``transaction`` field schema."""
-        fields = [required("string", "id"), required("int64", "total_order"), required("int64", "data_collection_order")]
+        fields = [
+            required("string", "id"),
+            required("int64", "total_order"),
+            required("int64", "data_collection_order"),
+        ]
         if self.v2:
             return field("transaction", struct(fields, optional=True, name="event.block", version=1))
         return field("transaction", struct(fields, optional=True))

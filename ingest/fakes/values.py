@@ -14,11 +14,32 @@ from random import Random
 Gen = Callable[[Random, int], object]
 
 FIRST_NAMES = (
-    "Sally", "George", "Edward", "Anne", "John", "Maria", "Wei", "Aisha", "Lars", "Chloé", "Kenji", "Olga",
-)  # fmt: skip
+    "Sally",
+    "George",
+    "Edward",
+    "Anne",
+    "John",
+    "Maria",
+    "Wei",
+    "Aisha",
+    "Lars",
+    "Chloé",
+    "Kenji",
+    "Olga",
+)
 LAST_NAMES = (
-    "Thomas", "Bailey", "Walker", "Kretchmar", "Doe", "García", "Zhang", "Khan", "Nilsson", "Dubois", "Sato",
-)  # fmt: skip
+    "Thomas",
+    "Bailey",
+    "Walker",
+    "Kretchmar",
+    "Doe",
+    "García",
+    "Zhang",
+    "Khan",
+    "Nilsson",
+    "Dubois",
+    "Sato",
+)
 _OFFSETS = (timedelta(0), timedelta(hours=1), timedelta(hours=2), timedelta(hours=-5), timedelta(hours=5, minutes=30))
 
 

@@ -1,0 +1,175 @@
+{#-
+  materialized='cdc_silver': a current-state table of one bronze table, maintained by net-effect apply.
+
+  The model's SQL selects from one bronze source (usually `select * from {{ source('bronze', 't') }}`; a where
+  clause or extracted columns are fine). Each run applies the bronze snapshots added since the last run in ONE
+  MERGE (one Iceberg commit: readers see the old state or the new one), guarded so that a change not newer than
+  what silver holds for its key is ignored. Deleted keys keep a tombstone (key + position) so a late, older change
+  cannot bring them back: in `<model>__cdc_tombstones` (delete_mode='hard', default) or as the row itself with
+  _cdc_deleted = true (delete_mode='soft').
+
+  Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept),
+  ignore_null_updates (partial images: a null in an update keeps the silver value), tombstone_horizon_days.
+-#}
+{% materialization cdc_silver, adapter='spark' %}
+  {%- set identifier = model['alias'] -%}
+  {%- set target = api.Relation.create(identifier=identifier, schema=schema, database=database, type='table') -%}
+  {%- set tombstones = api.Relation.create(identifier=identifier ~ '__cdc_tombstones', schema=schema, database=database, type='table') -%}
+  {%- set existing = adapter.get_relation(database=database, schema=schema, identifier=identifier) -%}
+  {%- set delete_mode = config.get('delete_mode', 'hard') -%}
+  {%- if delete_mode not in ['hard', 'soft'] -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': delete_mode must be 'hard' or 'soft', not '" ~ delete_mode ~ "'") }}
+  {%- endif -%}
+  {%- set bronze = cdclake.bronze_relation() -%}
+
+  {{ run_hooks(pre_hooks) }}
+  {% do run_query('create namespace if not exists ' ~ schema) %}
+
+  {%- if existing is not none and should_full_refresh() -%}
+    {% do run_query('drop table if exists ' ~ target) %}
+    {% do run_query('drop table if exists ' ~ tombstones) %}
+    {%- set existing = none -%}
+  {%- endif -%}
+
+  {%- set end = cdclake.bronze_snapshot(bronze) -%}
+  {%- set start = cdclake.applied_snapshot(target) if existing is not none else none -%}
+
+  {%- if end is none or (start is not none and start == end) -%}
+    {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
+    {%- call statement('main') -%} select 1 {%- endcall -%}
+  {%- else -%}
+    {%- set changes = cdclake.changes_view(bronze, start, end) -%}
+    {%- set input_sql = sql | replace(bronze | string, changes) -%}
+    {%- set layout = cdclake.silver_layout(bronze, input_sql) -%}
+    {%- set winners = identifier ~ '__cdc_winners' -%}
+    {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
+    {#- A truncate (op t) removes every row older than it; changes older than it are void. -#}
+    {%- set truncate_view = identifier ~ '__cdc_truncate' -%}
+    {% do run_query('create or replace temporary view ' ~ truncate_view ~ " as select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) as position from (" ~ input_sql ~ ") where op = 't'") %}
+    {%- set has_truncate = run_query('select position is not null from ' ~ truncate_view).rows[0][0] -%}
+    {%- set after_truncate = "true" if not has_truncate else (cdclake.position('w') ~ ' > (select position from ' ~ truncate_view ~ ')') -%}
+
+    {%- if existing is none -%}
+      {%- call statement('main') -%}
+        create table {{ target }}
+        using iceberg
+        tblproperties ({{ cdclake.silver_table_properties() }})
+        as select {{ cdclake.silver_select(layout, 'w') }}
+          {%- if delete_mode == 'soft' %}, w._cdc_op = 'd' as _cdc_deleted, case when w._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at{% endif %}
+        from {{ winners }} w
+        where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
+      {%- endcall -%}
+      {%- if delete_mode == 'hard' -%}
+        {% do run_query('drop table if exists ' ~ tombstones) %}
+        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate)) %}
+      {%- endif -%}
+    {%- else -%}
+      {%- set applicable = identifier ~ '__cdc_applicable' -%}
+      {% do run_query('uncache table if exists ' ~ applicable) %}
+      {#- Materialized once: the merges below change what a lazy view over silver would return. -#}
+      {% do run_query('cache table ' ~ applicable ~ ' as ' ~ cdclake.applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate)) %}
+      {%- if has_truncate -%}
+        {% do run_query('delete from ' ~ target ~ ' t where ' ~ cdclake.position('t') ~ ' < (select position from ' ~ truncate_view ~ ')') %}
+      {%- endif -%}
+      {%- call statement('main') -%}
+        {{ cdclake.silver_merge_sql(layout, applicable, target, delete_mode) }}
+      {%- endcall -%}
+      {%- if delete_mode == 'hard' -%}
+        {% do run_query(cdclake.tombstone_merge_sql(layout, applicable, tombstones)) %}
+      {%- endif -%}
+      {% do run_query('uncache table if exists ' ~ applicable) %}
+    {%- endif -%}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
+    {%- set horizon = config.get('tombstone_horizon_days') -%}
+    {%- if horizon is not none and delete_mode == 'hard' -%}
+      {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
+    {%- elif horizon is not none -%}
+      {% do run_query('delete from ' ~ target ~ ' where _cdc_deleted and _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
+    {%- endif -%}
+  {%- endif -%}
+
+  {{ run_hooks(post_hooks) }}
+  {% do persist_docs(target, model) %}
+  {{ return({'relations': [target]}) }}
+{% endmaterialization %}
+
+
+{% macro silver_table_properties() -%}
+  'format-version' = '2',
+  'write.delete.mode' = 'merge-on-read',
+  'write.update.mode' = 'merge-on-read',
+  'write.merge.mode' = 'merge-on-read',
+  'write.parquet.compression-codec' = 'zstd'
+{%- endmacro %}
+
+
+{% macro create_tombstones_sql(tombstones, layout, winners, after_truncate) -%}
+  create table {{ tombstones }}
+  using iceberg
+  tblproperties ({{ cdclake.silver_table_properties() }})
+  as select {% for key in layout.key_columns %}w.{{ adapter.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
+    current_timestamp() as _cdc_deleted_at
+  from {{ winners }} w
+  where w._cdc_op = 'd' and {{ after_truncate }}
+{%- endmacro %}
+
+
+{#- Winners newer than what silver (and the tombstones) hold for their key, shaped as silver rows. -#}
+{% macro applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate) -%}
+  select {{ cdclake.silver_select(layout, 'w') }}
+  from {{ winners }} w
+  left join {{ target }} t on {{ cdclake.key_match(layout.key_columns, 't', 'w') }}
+  {%- if delete_mode == 'hard' %}
+  left join {{ tombstones }} b on {{ cdclake.key_match(layout.key_columns, 'b', 'w') }}
+  {%- endif %}
+  where {{ after_truncate }}
+    and (t._cdc_op is null or {{ cdclake.position('w') }} > {{ cdclake.position('t') }})
+  {%- if delete_mode == 'hard' %}
+    and (b._cdc_op is null or {{ cdclake.position('w') }} > {{ cdclake.position('b') }})
+  {%- endif %}
+{%- endmacro %}
+
+
+{% macro silver_merge_sql(layout, applicable, target, delete_mode) -%}
+  {%- set columns = cdclake.data_columns(layout) -%}
+  {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
+  merge into {{ target }} t
+  using {{ applicable }} s
+  on {{ cdclake.key_match(layout.key_columns, 't', 's') }}
+  {%- if delete_mode == 'hard' %}
+  when matched and s._cdc_op = 'd' then delete
+  {%- else %}
+  when matched and s._cdc_op = 'd' then update set
+    t._cdc_deleted = true, t._cdc_deleted_at = current_timestamp(), t._cdc_order = s._cdc_order,
+    t._cdc_op = s._cdc_op, t._cdc_offset = s._cdc_offset, t._cdc_source_ts = s._cdc_source_ts, t._cdc_applied_at = s._cdc_applied_at
+  {%- endif %}
+  when matched then update set
+    {%- for column in columns %}
+    t.{{ adapter.quote(column) }} = {% if ignore_nulls and column not in layout.key_columns %}coalesce(s.{{ adapter.quote(column) }}, t.{{ adapter.quote(column) }}){% else %}s.{{ adapter.quote(column) }}{% endif %},
+    {%- endfor %}
+    {%- if delete_mode == 'soft' %}
+    t._cdc_deleted = false, t._cdc_deleted_at = null,
+    {%- endif %}
+    t._cdc_order = s._cdc_order, t._cdc_op = s._cdc_op, t._cdc_offset = s._cdc_offset,
+    t._cdc_source_ts = s._cdc_source_ts, t._cdc_applied_at = s._cdc_applied_at
+  {%- if delete_mode == 'hard' %}
+  when not matched and s._cdc_op <> 'd' then insert
+  {%- else %}
+  when not matched then insert
+  {%- endif %}
+    ({% for column in columns %}{{ adapter.quote(column) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_applied_at{% if delete_mode == 'soft' %}, _cdc_deleted, _cdc_deleted_at{% endif %})
+    values ({% for column in columns %}s.{{ adapter.quote(column) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at{% if delete_mode == 'soft' %}, s._cdc_op = 'd', case when s._cdc_op = 'd' then current_timestamp() end{% endif %})
+{%- endmacro %}
+
+
+{% macro tombstone_merge_sql(layout, applicable, tombstones) -%}
+  merge into {{ tombstones }} b
+  using {{ applicable }} s
+  on {{ cdclake.key_match(layout.key_columns, 'b', 's') }}
+  when matched and s._cdc_op = 'd' then update set
+    b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset, b._cdc_deleted_at = current_timestamp()
+  when matched then delete
+  when not matched and s._cdc_op = 'd' then insert
+    ({% for key in layout.key_columns %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at)
+    values ({% for key in layout.key_columns %}s.{{ adapter.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, current_timestamp())
+{%- endmacro %}

@@ -1,0 +1,85 @@
+{#-
+  Net effect of one unit of work (IBM CDC "external table mirror bulk apply", seed 002):
+  per key the last change wins; an update is a delete followed by an insert of the new image; an insert deleted
+  in the same unit of work leaves nothing; deletes delete. "Last" is the total order of changes of one key:
+  bronze's source position (_cdc_order), then op (r < c < u < d, a snapshot read is older than a change at the
+  same position), then the Kafka offset. Each macro is dispatched, so a project can override it.
+-#}
+
+{% macro op_rank(op) -%}
+  {{ return(adapter.dispatch('op_rank', 'cdclake')(op)) }}
+{%- endmacro %}
+
+{% macro default__op_rank(op) -%}
+  case {{ op }} when 'r' then 0 when 'c' then 1 when 'u' then 2 when 'd' then 3 else 4 end
+{%- endmacro %}
+
+
+{#- A comparable value of a change's place in the order; works on bronze-derived rows and on silver rows. -#}
+{% macro position(alias) -%}
+  named_struct('o', {{ alias }}._cdc_order, 'r', {{ cdclake.op_rank(alias ~ '._cdc_op') }}, 'f', {{ alias }}._cdc_offset)
+{%- endmacro %}
+
+
+{% macro key_match(keys, left, right) -%}
+  {%- for key in keys %}{{ left }}.{{ adapter.quote(key) }} <=> {{ right }}.{{ adapter.quote(key) }}{% if not loop.last %} and {% endif %}{% endfor -%}
+{%- endmacro %}
+
+
+{#-
+  The winners of a unit of work: one row per key, the latest change. Tombstone records (op null) carry nothing
+  for silver: the delete event before them already says it all. Truncates are handled by the materialization.
+-#}
+{% macro net_effect_sql(input_sql, layout) -%}
+  {{ return(adapter.dispatch('net_effect_sql', 'cdclake')(input_sql, layout)) }}
+{%- endmacro %}
+
+{% macro default__net_effect_sql(input_sql, layout) -%}
+with changes as (
+  select
+    {%- for key in layout.key_columns %}
+    {{ layout.key_exprs[key] }} as {{ adapter.quote(key) }},
+    {%- endfor %}
+    _cdc_order,
+    op as _cdc_op,
+    _cdc_offset,
+    {{ layout.source_ts_expr }} as _cdc_source_ts,
+    {%- for column in layout.extra_columns %}
+    {{ adapter.quote(column) }},
+    {%- endfor %}
+    {{ layout.image_expr }} as _cdc_image
+  from ({{ input_sql }}) bronze_input
+  where op in ('c', 'u', 'd', 'r')
+),
+ranked as (
+  select *,
+    row_number() over (
+      partition by {% for key in layout.key_columns %}{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+      order by _cdc_order desc, {{ cdclake.op_rank('_cdc_op') }} desc, _cdc_offset desc
+    ) as _cdc_rank
+  from changes
+)
+select * from ranked where _cdc_rank = 1
+{%- endmacro %}
+
+
+{#- The silver columns of a winner: keys, image columns, extracted columns, then cdclake's metadata. -#}
+{% macro silver_select(layout, alias) -%}
+  {%- for key in layout.key_columns %}{{ alias }}.{{ adapter.quote(key) }}, {% endfor -%}
+  {%- for column in layout.image_columns %}{{ alias }}._cdc_image.{{ adapter.quote(column) }} as {{ adapter.quote(column) }}, {% endfor -%}
+  {%- if layout.document %}{{ alias }}._cdc_image as _cdc_document, {% endif -%}
+  {%- for column in layout.extra_columns %}{{ alias }}.{{ adapter.quote(column) }}, {% endfor -%}
+  {{ alias }}._cdc_order, {{ alias }}._cdc_op, {{ alias }}._cdc_offset, {{ alias }}._cdc_source_ts,
+  current_timestamp() as _cdc_applied_at
+{%- endmacro %}
+
+
+{#- Column names of a silver row (no metadata), in silver_select's order. -#}
+{% macro data_columns(layout) -%}
+  {%- set columns = [] -%}
+  {%- for key in layout.key_columns %}{% do columns.append(key) %}{% endfor -%}
+  {%- for column in layout.image_columns %}{% do columns.append(column) %}{% endfor -%}
+  {%- if layout.document %}{% do columns.append('_cdc_document') %}{% endif -%}
+  {%- for column in layout.extra_columns %}{% do columns.append(column) %}{% endfor -%}
+  {{ return(columns) }}
+{%- endmacro %}

@@ -1,0 +1,56 @@
+{#- Generic tests shipped with cdclake; `cdclake scaffold` adds them to every silver model's YAML. -#}
+
+{#- Each key appears once in silver. -#}
+{% test cdclake_keys_unique(model, keys) %}
+  select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}count(*) as copies
+  from {{ model }}
+  group by {% for key in keys %}{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  having count(*) > 1
+{% endtest %}
+
+
+{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op). -#}
+{% macro recomputed_latest(bronze, keys) -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set typed_key = types.get('key', '').startswith('struct') -%}
+  select * from (
+    select
+      {%- for key in keys %}
+      {% if typed_key %}key.{{ adapter.quote(key) }}{% else %}get_json_object(key, '$.{{ key }}'){% endif %} as {{ adapter.quote(key) }},
+      {%- endfor %}
+      _cdc_order, op as _cdc_op, _cdc_offset,
+      row_number() over (
+        partition by {% for key in keys %}{% if typed_key %}key.{{ adapter.quote(key) }}{% else %}get_json_object(key, '$.{{ key }}'){% endif %}{% if not loop.last %}, {% endif %}{% endfor %}
+        order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
+    from {{ bronze }}
+    where op in ('c', 'u', 'd', 'r')
+  ) where _cdc_rank = 1
+{%- endmacro %}
+
+
+{#- Silver equals a full recomputation from bronze: same live keys, each at the same change. -#}
+{% test cdclake_equals_recompute(model, bronze, keys) %}
+  {%- set live = '_cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
+  with expected as (
+    select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
+    from ({{ cdclake.recomputed_latest(bronze, keys) }}) where _cdc_op <> 'd'
+  ),
+  actual as (
+    select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
+    from {{ model }} where {{ live }}
+  )
+  (select 'missing from silver' as problem, * from (select * from expected except select * from actual))
+  union all
+  (select 'not in recomputation' as problem, * from (select * from actual except select * from expected))
+{% endtest %}
+
+
+{#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
+{% test cdclake_no_deleted_keys(model, bronze, keys) %}
+  {%- set live = 's._cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
+  select {% for key in keys %}s.{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  from {{ model }} s
+  join ({{ cdclake.recomputed_latest(bronze, keys) }}) latest
+    on {{ cdclake.key_match(keys, 's', 'latest') }}
+  where latest._cdc_op = 'd' and {{ live }}
+{% endtest %}

@@ -1,0 +1,27 @@
+"""`cdclake dbt ARGS...`: dbt with the project and the profile generated from cdclake.yml preset."""
+
+from __future__ import annotations
+
+import click
+
+from ingest.cli.common import settings_from
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
+    """Run dbt (default: build) on the configured project with the lakehouse profile."""
+    from ingest.dbt_runner import run_dbt
+
+    return 0 if run_dbt(settings_from(ctx), args) else 1
+
+
+@click.command("dbt-profile")
+@click.pass_context
+def dbt_profile(ctx: click.Context) -> int:
+    """Write the dbt profile (for plain `dbt ... --profiles-dir`) and print where it is."""
+    from ingest.dbt_runner import write_profile
+
+    click.echo(str(write_profile(settings_from(ctx)).parent))
+    return 0

@@ -1,0 +1,31 @@
+"""`cdclake scaffold`: write silver models for bronze tables that have none."""
+
+from __future__ import annotations
+
+import click
+
+from ingest.cli.common import settings_from
+
+
+@click.command()
+@click.option("--select", "select", default=None, help="Only bronze tables matching this glob pattern.")
+@click.pass_context
+def scaffold(ctx: click.Context, select: str | None) -> int:
+    """Write models/silver/<table>.sql and .yml for each bronze table (never overwriting an edited file)."""
+    from ingest.bronze.tables import BronzeTables
+    from ingest.dbt_runner import project_dir
+    from ingest.lakehouse import load_catalog
+    from ingest.scaffold import scaffold as run_scaffold
+
+    settings = settings_from(ctx)
+    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
+    report = run_scaffold(tables, project_dir(settings), select)
+    for path in report.written:
+        click.echo(f"wrote {path}")
+    for path in report.kept:
+        click.echo(f"kept  {path} (edited by you)")
+    for table, reason in sorted(report.skipped.items()):
+        click.secho(f"skipped {table}: {reason}", fg="yellow", err=True)
+    if not report.written and not report.kept and not report.skipped:
+        click.echo("nothing to scaffold: every bronze table has its silver model")
+    return 0
