@@ -73,6 +73,10 @@
 
 {#- The bronze snapshot the lakehouse is at now (None for a table never written). -#}
 {% macro bronze_snapshot(bronze) -%}
+  {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
+    {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
+    {{ return(none) }}
+  {%- endif -%}
   {%- set rows = run_query('select snapshot_id from ' ~ bronze ~ '.history where is_current_ancestor order by made_current_at desc limit 1').rows -%}
   {{ return(rows[0][0] | string if rows | length else none) }}
 {%- endmacro %}

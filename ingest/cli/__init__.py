@@ -31,12 +31,16 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str, log_format:
 
 
 def _register() -> None:
-    from ingest.cli import dbt_cmd, ingest_cmd, scaffold_cmd
+    from ingest.cli import dbt_cmd, demo_cmd, ingest_cmd, maintain_cmd, scaffold_cmd, sql_cmd, status_cmd
 
     cli.add_command(ingest_cmd.ingest)
     cli.add_command(scaffold_cmd.scaffold)
     cli.add_command(dbt_cmd.dbt)
     cli.add_command(dbt_cmd.dbt_profile)
+    cli.add_command(demo_cmd.demo)
+    cli.add_command(sql_cmd.sql)
+    cli.add_command(status_cmd.status)
+    cli.add_command(maintain_cmd.maintain)
 
 
 _register()

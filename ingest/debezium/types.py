@@ -7,10 +7,10 @@ Nanosecond types are stored at microsecond precision, the finest Iceberg v2 offe
 
 from __future__ import annotations
 
-import base64
 import binascii
 import datetime as dt
 import decimal
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +39,9 @@ _INT_RANGES = {
     "int64": (-(2**63), 2**63 - 1),
 }
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NAIVE_EPOCH = _EPOCH.replace(tzinfo=None)
+_EPOCH_DATE = dt.date(1970, 1, 1)
+_BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 # Spark cannot read Iceberg's `time` type, so times are kept as microseconds since midnight (long), named
 # in the docs; an Iceberg `time` column would make the whole table unreadable from Spark SQL.
 TIME_TYPE = pa.int64()
@@ -142,10 +145,15 @@ def _string(value: Any, path: str) -> Any:
 
 
 def _b64(value: Any, path: str) -> bytes:
-    if type(value) is not str:
+    # base64.b64decode(value, validate=True) without its Python-level wrapper (a hot path for decimals), and
+    # non-ASCII text is a decode error too (b64decode raises a plain ValueError for it).
+    if type(value) is not str or not value.isascii():
+        raise _fail(path, "base64 string", value)
+    data = value.encode("ascii")
+    if _BASE64.fullmatch(data) is None:
         raise _fail(path, "base64 string", value)
     try:
-        return base64.b64decode(value, validate=True)
+        return binascii.a2b_base64(data)
     except binascii.Error:
         raise _fail(path, "base64 string", value) from None
 
@@ -199,9 +207,15 @@ def _scaled_int(kind: str, factor: int, divisor: int = 1) -> Converter:
     return convert
 
 
+_check_int32 = _int("int32")
+
+
 def _date(value: Any, path: str) -> Any:
-    days = _int("int32")(value, path)
-    return dt.date(1970, 1, 1) + dt.timedelta(days=days)
+    days = _check_int32(value, path)
+    try:
+        return _EPOCH_DATE + dt.timedelta(days=days)
+    except OverflowError:  # beyond year 9999 (e.g. a source's "infinity" sentinel): a dead letter, not a crash
+        raise _fail(path, "a date within years 1-9999", value) from None
 
 
 def _zoned_timestamp(value: Any, path: str) -> Any:
@@ -221,7 +235,10 @@ def _micros_timestamp(factor: int, divisor: int) -> Converter:
 
     def convert(value: Any, path: str) -> Any:
         micros = check(value, path) * factor // divisor
-        return _EPOCH.replace(tzinfo=None) + dt.timedelta(microseconds=micros)
+        try:
+            return _NAIVE_EPOCH + dt.timedelta(microseconds=micros)
+        except OverflowError:  # e.g. PostgreSQL's +-infinity sentinels: a dead letter, not a crash
+            raise _fail(path, "a timestamp within years 1-9999", value) from None
 
     return convert
 
@@ -290,28 +307,52 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     return inner
 
 
+_ABSENT = object()
+# (field name, converter, optional, pass-through type, field path for errors)
+_Step = tuple[str, Converter, bool, type[Any] | None, str]
+
+
 def struct_converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     fields = [
         (field["field"], converter(field, variable_scale=variable_scale), bool(field.get("optional", False)))
         for field in schema.get("fields") or []
     ]
     known = {name for name, _, _ in fields}
+    # Per parent path: (name, converter, optional, pass-through type, field path), built once instead of once per
+    # value. A plain string or boolean field's converter only checks the type, so values of exactly that type are
+    # taken as they are without the call (the converter still produces the error for anything else).
+    plans: dict[str, list[_Step]] = {}
+
+    def plan(path: str) -> list[_Step]:
+        steps: list[_Step] = [
+            (name, conv, optional, str if conv is _string else bool if conv is _bool else None, f"{path}.{name}")
+            for name, conv, optional in fields
+        ]
+        if len(plans) < 256:  # array elements have one path per index: keep the cache bounded
+            plans[path] = steps
+        return steps
 
     def convert(value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise _fail(path, "struct", value)
         out: dict[str, Any] = {}
-        for name, field_conv, optional in fields:
-            item = value.get(name)
-            if item is None:
-                if not optional and name not in value:
-                    raise DecodeError(f"{path}.{name}: required field is missing")
+        present = 0
+        for name, field_conv, optional, exact, field_path in plans.get(path) or plan(path):
+            item = value.get(name, _ABSENT)
+            if item is _ABSENT:
+                if not optional:
+                    raise DecodeError(f"{field_path}: required field is missing")
                 out[name] = None
+                continue
+            present += 1
+            if item is None or type(item) is exact:
+                out[name] = item
             else:
-                out[name] = field_conv(item, f"{path}.{name}")
-        extra = value.keys() - known
-        if extra:
-            raise DecodeError(f"{path}: fields {sorted(extra)} are not in the record's schema")
+                out[name] = field_conv(item, field_path)
+        if len(value) != present:
+            extra = value.keys() - known
+            if extra:
+                raise DecodeError(f"{path}: fields {sorted(extra)} are not in the record's schema")
         return out
 
     return convert

@@ -15,9 +15,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from ingest.config import SourceSettings
+from ingest.config import SECRET_KEY_PATTERN, SourceSettings
 from ingest.debezium.envelope import RawRecord
-from ingest.errors import CdclakeError
+from ingest.errors import CdclakeError, ConfigError
 from ingest.sources.base import OffsetResolver
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,15 @@ class KafkaSource:
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, resolve: OffsetResolver) -> None:
         self._resolve = resolve
-        self._consumer = Consumer(consumer_config(self.settings), logger=log)
+        try:
+            self._consumer = Consumer(consumer_config(self.settings), logger=log)
+        except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
+            error = exc.args[0] if exc.args else exc
+            reason = error.str() if isinstance(error, KafkaError) else str(error)
+            for key, value in self.settings.consumer_config().items():
+                if SECRET_KEY_PATTERN.search(key) and len(value) >= 4:
+                    reason = reason.replace(value, "***")
+            raise ConfigError(f"source.consumer: the Kafka client rejected the settings: {reason}") from None
         if self.settings.topic_pattern:
             pattern = self.settings.topic_pattern
             subscription = [pattern if pattern.startswith("^") else "^" + pattern]

@@ -66,6 +66,7 @@
     {%- else -%}
       {%- set applicable = identifier ~ '__cdc_applicable' -%}
       {% do run_query('uncache table if exists ' ~ applicable) %}
+      {% do run_query('drop view if exists ' ~ applicable) %}
       {#- Materialized once: the merges below change what a lazy view over silver would return. -#}
       {% do run_query('cache table ' ~ applicable ~ ' as ' ~ cdclake.applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate)) %}
       {%- if has_truncate -%}
@@ -78,6 +79,7 @@
         {% do run_query(cdclake.tombstone_merge_sql(layout, applicable, tombstones)) %}
       {%- endif -%}
       {% do run_query('uncache table if exists ' ~ applicable) %}
+      {% do run_query('drop view if exists ' ~ applicable) %}
     {%- endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
     {%- set horizon = config.get('tombstone_horizon_days') -%}

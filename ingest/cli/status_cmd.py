@@ -1,0 +1,166 @@
+"""`cdclake status`: rows, offsets, lag, dead letters per bronze table and how far silver is behind.
+
+Exit codes: 0 fresh, 3 stale (a bronze table not committed for --stale-after seconds, or a silver table behind
+bronze for longer than that). Reads Iceberg metadata only; no Spark.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import click
+import orjson
+from rich.console import Console
+
+from ingest.cli.common import settings_from
+from ingest.config import redact
+from ingest.status import (
+    DEFAULT_STALE_AFTER_S,
+    BronzeStatus,
+    LakehouseStatus,
+    collect_status,
+    format_age,
+    stale_problems,
+    status_document,
+)
+
+STALE_EXIT_CODE = 3
+
+
+@click.command()
+@click.argument("tables", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts and monitoring).")
+@click.option(
+    "--stale-after",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_STALE_AFTER_S,
+    show_default=True,
+    help="Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds).",
+)
+@click.option("--lag/--no-lag", default=True, show_default=True, help="Ask the Kafka cluster for consumer lag.")
+@click.option("--lag-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds.")
+@click.pass_context
+def status(
+    ctx: click.Context, tables: tuple[str, ...], as_json: bool, stale_after: float, lag: bool, lag_timeout: float
+) -> None:
+    """Show bronze and silver tables: rows, offsets, lag, dead letters, freshness (TABLES: bronze names)."""
+    settings = settings_from(ctx)
+    result = collect_status(settings, tables=list(tables) or None, check_lag=lag, lag_timeout_s=lag_timeout)
+    problems = stale_problems(result, stale_after)
+    if as_json:
+        document = status_document(result, stale_after, problems)
+        click.echo(redact(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode(), settings))
+    else:
+        console = Console(soft_wrap=False)
+        if not console.is_terminal:
+            console.width = max(console.width, 160)  # logs and pipes: no wrapping at 80 columns
+        with console.capture() as capture:
+            _render(console, result, problems, stale_after)
+        click.echo(redact(capture.get(), settings), nl=False)
+        if problems:
+            err = Console(stderr=True)
+            with err.capture() as capture:
+                err.print(f"[bold red]stale[/] (--stale-after {stale_after:g}s):")
+                for problem in problems:
+                    err.print(f"  [red]•[/] {problem}", markup=True, highlight=False)
+            click.echo(redact(capture.get(), settings), nl=False, err=True)
+    if problems:
+        ctx.exit(STALE_EXIT_CODE)
+
+
+def _when(value: dt.datetime | None, now: dt.datetime) -> str:
+    if value is None:
+        return "-"
+    return f"{format_age(now - value)} ago ({value:%Y-%m-%d %H:%M}Z)"
+
+
+def _offsets(table: BronzeStatus) -> str:
+    """One line per partition; the topic is named only when the table holds more than one."""
+    several = len({p.topic for p in table.partitions}) > 1
+    return (
+        "\n".join(f"{p.topic + ' ' if several else ''}[{p.partition}] {p.next_offset:,}" for p in table.partitions)
+        or "-"
+    )
+
+
+def _lag(table: BronzeStatus, checked: bool) -> str:
+    if not checked:
+        return "-"
+    lines = []
+    for p in table.partitions:
+        lines.append(f"{p.lag:,}" if p.lag is not None else "n/a")
+    return "\n".join(lines) or "-"
+
+
+def _render(console: Console, status: LakehouseStatus, problems: list[str], stale_after: float) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    now = status.generated_at
+    source = status.source or "none"
+    console.print(
+        Text(
+            f"catalog {status.catalog}  bronze {status.bronze_namespace}  silver {status.silver_namespace}  "
+            f"source {source}",
+            style="dim",
+        )
+    )
+    bronze = Table(title="bronze", title_justify="left", show_lines=True)
+    for column, justify in (
+        ("table", "left"),
+        ("rows", "right"),
+        ("last commit", "left"),
+        ("next offsets", "left"),
+        ("lag", "right"),
+        ("dead letters", "right"),
+    ):
+        bronze.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    lag_notes: list[str] = []
+    for table in status.tables:
+        dead = sum(table.dead_letters.values())
+        bronze.add_row(
+            table.name,
+            "-" if table.rows is None else f"{table.rows:,}",
+            _when(table.last_commit, now),
+            _offsets(table),
+            _lag(table, status.lag_checked),
+            Text(f"{dead:,}", style="red") if dead else Text("0"),
+        )
+        lag_notes.extend(
+            f"{p.topic}[{p.partition}]: {p.lag_error}" for p in table.partitions if status.lag_checked and p.lag_error
+        )
+    if not status.tables:
+        console.print(f"no bronze tables in {status.catalog}.{status.bronze_namespace}")
+    else:
+        console.print(bronze)
+    for note in dict.fromkeys(lag_notes):
+        console.print(Text(f"lag n/a: {note}", style="yellow"))
+
+    silvers = [table for table in status.tables if table.silver is not None]
+    if silvers:
+        silver = Table(title="silver", title_justify="left", show_lines=True)
+        for column in ("table", "applied bronze snapshot", "state", "max _cdc_applied_at"):
+            silver.add_column(column, overflow="fold")
+        for table in silvers:
+            item = table.silver
+            assert item is not None
+            if item.behind is None:
+                state = Text("unknown (no applied snapshot recorded)", style="yellow")
+            elif item.behind:
+                since = _when(item.behind_since, now) if item.behind_since else "unknown"
+                state = Text(f"behind since {since}", style="yellow")
+            else:
+                state = Text("up to date", style="green")
+            applied = "-" if item.applied_snapshot_id is None else str(item.applied_snapshot_id)
+            if item.applied_snapshot_at is not None:
+                applied += f"\n{item.applied_snapshot_at:%Y-%m-%d %H:%M:%S}Z"
+            silver.add_row(item.table, applied, state, _when(item.applied_at_max, now))
+        console.print(silver)
+
+    for table in status.tables:
+        for topic, count in table.dead_letters.items():
+            console.print(Text(f"dead letters: {count:,} from {topic} -> {table.table}", style="red"))
+    for topic, count in status.dead_letters_without_table.items():
+        console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table)", style="red"))
+    if not problems:
+        console.print(Text(f"fresh (--stale-after {stale_after:g}s)", style="green"))

@@ -1,0 +1,364 @@
+"""Iceberg upkeep of bronze and silver through Spark's stored procedures: the logic of `cdclake maintain`.
+
+Per table, in this order:
+
+1. ``rewrite_data_files`` — compact small files (bronze gets one per table per flush); on silver also rewrite the
+   data files that carry position deletes (``delete-file-threshold``), so reads stop merging them.
+2. ``rewrite_position_delete_files`` (silver) — compact the delete files MERGE leaves behind, drop dangling ones.
+3. ``rewrite_manifests`` — one manifest per partition spec instead of one per commit.
+4. ``expire_snapshots`` — forget old snapshots and delete the files only they referenced.
+5. ``remove_orphan_files`` — delete files no snapshot references (failed writes); Iceberg refuses a window
+   below 24 hours, since a running writer's new files are not referenced yet.
+
+Exactly-once survives all of it: the ingester resumes from the table property ``cdclake.offsets``, which every
+commit (Spark's included) carries forward; snapshot summaries are lineage only. Compaction and manifest rewrites
+add ``replace`` snapshots that change no rows, so nothing is ingested or applied twice. The plan also keeps the
+bronze snapshot each silver table has applied (``cdclake.bronze_snapshot_id``): silver's next run reads bronze
+incrementally from it, and would otherwise fall back to re-reading the whole bronze table. After each bronze
+table the offsets are read again and compared; a commit that lost or rewound them is reported as a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import ancestors_of
+
+from ingest.bronze.tables import OFFSETS_PROPERTY, Offsets, decode_offsets
+from ingest.config import Settings
+
+Layer = Literal["bronze", "silver"]
+LAYERS: tuple[Layer, ...] = ("bronze", "silver")
+APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
+# Iceberg's remove_orphan_files procedure rejects anything shorter.
+MIN_ORPHAN_HOURS = 24.0
+
+
+class LayerMaintenance(BaseModel):
+    """Upkeep settings of one layer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    expire_older_than_hours: float = Field(
+        default=72.0, ge=0, description="Expire snapshots older than this (time travel window)."
+    )
+    retain_last: int = Field(default=10, ge=1, description="Always keep this many most recent snapshots.")
+    orphan_older_than_hours: float = Field(
+        default=72.0,
+        ge=MIN_ORPHAN_HOURS,
+        description="Delete unreferenced files older than this; must exceed the longest write (Iceberg: >= 24).",
+    )
+    min_input_files: int = Field(default=2, ge=1, description="Compact a partition once it has this many files.")
+    delete_file_threshold: int | None = Field(
+        default=None, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
+    )
+
+
+class MaintenanceSettings(BaseModel):
+    """``maintenance:`` in cdclake.yml (bronze and silver upkeep)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bronze: LayerMaintenance = Field(default_factory=LayerMaintenance)
+    silver: LayerMaintenance = Field(default_factory=lambda: LayerMaintenance(delete_file_threshold=1))
+    keep_silver_position: bool = Field(
+        default=True,
+        description="Never expire the bronze snapshot a silver table has applied (its incremental start point).",
+    )
+
+    def layer(self, layer: Layer) -> LayerMaintenance:
+        return self.bronze if layer == "bronze" else self.silver
+
+
+def maintenance_settings(settings: Settings) -> MaintenanceSettings:
+    """``settings.maintenance`` once Settings carries it; the defaults until then."""
+    configured = getattr(settings, "maintenance", None)
+    return configured if isinstance(configured, MaintenanceSettings) else MaintenanceSettings()
+
+
+# -- SQL -------------------------------------------------------------------------------------------------------------
+def sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def table_argument(namespace: str, name: str) -> str:
+    """``'ns.t'`` for the procedures' ``table =>``; parts are backquoted unless they are plain identifiers."""
+
+    def part(text: str) -> str:
+        return text if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) else "`" + text.replace("`", "``") + "`"
+
+    return sql_string(f"{part(namespace)}.{part(name)}")
+
+
+def timestamp_literal(value: dt.datetime) -> str:
+    """A UTC timestamp literal that does not depend on spark.sql.session.timeZone."""
+    utc = value.astimezone(dt.UTC)
+    return f"TIMESTAMP '{utc:%Y-%m-%d %H:%M:%S}.{utc.microsecond // 1000:03d}+00:00'"
+
+
+def options_map(options: dict[str, str]) -> str:
+    return "map(" + ", ".join(f"{sql_string(k)}, {sql_string(v)}" for k, v in options.items()) + ")"
+
+
+# -- planning --------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    layer: Layer
+    table: str  # namespace.name
+    procedure: str
+    sql: str  # as planned (shown by --dry-run)
+    note: str | None = None
+    # Time-relative calls are rendered again when they run: "older than now" must include the snapshots that
+    # compaction and manifest rewrites of the same run have just added.
+    render: Callable[[dt.datetime], str] | None = field(default=None, compare=False, repr=False)
+
+    def sql_at(self, now: dt.datetime) -> str:
+        return self.sql if self.render is None else self.render(now)
+
+
+@dataclass
+class TablePlan:
+    layer: Layer
+    table: str
+    steps: list[Step]
+    snapshots: int
+    expirable_snapshots: int  # estimate from the metadata, before compaction adds its own
+    data_files: int
+    delete_files: int
+    offsets: Offsets = field(default_factory=dict)  # bronze: the committed offsets before maintenance
+
+
+def _list_tables(catalog: Catalog, namespace: str) -> list[str]:
+    try:
+        return sorted(identifier[-1] for identifier in catalog.list_tables(namespace))
+    except NoSuchNamespaceError:
+        return []
+
+
+def silver_positions(catalog: Catalog, silver_namespace: str) -> dict[int, str]:
+    """Bronze snapshot id -> the silver table that has applied up to it."""
+    positions: dict[int, str] = {}
+    for name in _list_tables(catalog, silver_namespace):
+        try:
+            table = catalog.load_table(f"{silver_namespace}.{name}")
+        except NoSuchTableError:
+            continue
+        value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
+        if value is not None and value.lstrip("-").isdigit():
+            positions[int(value)] = f"{silver_namespace}.{name}"
+    return positions
+
+
+def _summary_int(table: Table, key: str) -> int:
+    snapshot = table.current_snapshot()
+    value = None if snapshot is None or snapshot.summary is None else snapshot.summary[key]
+    return int(value) if value is not None else 0
+
+
+def expirable(table: Table, older_than: dt.datetime, retain_last: int) -> int:
+    """How many snapshots expire_snapshots would remove (ignoring branches and tags, which cdclake does not use)."""
+    current = table.current_snapshot()
+    kept = {s.snapshot_id for s in list(ancestors_of(current, table.metadata))[:retain_last]} if current else set()
+    cutoff_ms = int(older_than.timestamp() * 1000)
+    return sum(1 for s in table.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in kept)
+
+
+def plan_table(
+    catalog: Catalog,
+    catalog_name: str,
+    layer: Layer,
+    namespace: str,
+    name: str,
+    config: LayerMaintenance,
+    now: dt.datetime,
+    protected: dict[int, str] | None = None,
+) -> TablePlan | None:
+    """The procedure calls for one table, or None when it has no snapshot yet (nothing to maintain)."""
+    identifier = f"{namespace}.{name}"
+    try:
+        table = catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+    if table.current_snapshot() is None:
+        return None
+    target = table_argument(namespace, name)
+    call = f"CALL {catalog_name}.system"
+
+    def sql(procedure: str, arguments: str) -> str:
+        return f"{call}.{procedure}(table => {target}{arguments})"
+
+    def step(procedure: str, arguments: str, note: str | None = None) -> Step:
+        return Step(layer, identifier, procedure, sql(procedure, arguments), note)
+
+    options = {"min-input-files": str(config.min_input_files)}
+    if config.delete_file_threshold is not None:
+        options["delete-file-threshold"] = str(config.delete_file_threshold)
+    steps = [step("rewrite_data_files", f", options => {options_map(options)}")]
+    if layer == "silver":
+        steps.append(step("rewrite_position_delete_files", ""))
+    steps.append(step("rewrite_manifests", ""))
+
+    expire_window = dt.timedelta(hours=config.expire_older_than_hours)
+    applied = protected or {}
+    kept = [
+        (s.timestamp_ms, s.snapshot_id, applied[s.snapshot_id]) for s in table.snapshots() if s.snapshot_id in applied
+    ]
+    position: dt.datetime | None = None
+    note = None
+    if kept:
+        timestamp_ms, snapshot_id, by = min(kept)
+        position = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.UTC)
+        note = f"keeps snapshot {snapshot_id} (applied by {by}) and newer"
+
+    def expire_before(at: dt.datetime) -> dt.datetime:
+        # Snapshots strictly older than this expire: silver's applied snapshot stays.
+        cutoff = at - expire_window
+        return cutoff if position is None else min(cutoff, position)
+
+    def expire_sql(at: dt.datetime) -> str:
+        arguments = f", older_than => {timestamp_literal(expire_before(at))}, retain_last => {config.retain_last}"
+        return sql("expire_snapshots", arguments)
+
+    orphan_window = dt.timedelta(hours=max(config.orphan_older_than_hours, MIN_ORPHAN_HOURS))
+
+    def orphan_sql(at: dt.datetime) -> str:
+        return sql("remove_orphan_files", f", older_than => {timestamp_literal(at - orphan_window)}")
+
+    if position is not None and position >= now - expire_window:
+        note = None  # the configured window keeps it anyway
+    steps.append(Step(layer, identifier, "expire_snapshots", expire_sql(now), note, expire_sql))
+    steps.append(Step(layer, identifier, "remove_orphan_files", orphan_sql(now), None, orphan_sql))
+    return TablePlan(
+        layer=layer,
+        table=identifier,
+        steps=steps,
+        snapshots=len(table.snapshots()),
+        expirable_snapshots=expirable(table, expire_before(now), config.retain_last),
+        data_files=_summary_int(table, "total-data-files"),
+        delete_files=_summary_int(table, "total-delete-files"),
+        offsets=decode_offsets(table.properties.get(OFFSETS_PROPERTY)) if layer == "bronze" else {},
+    )
+
+
+def plan_maintenance(
+    catalog: Catalog,
+    settings: Settings,
+    maintenance: MaintenanceSettings | None = None,
+    layers: Iterable[Layer] = LAYERS,
+    tables: Sequence[str] | None = None,
+    now: dt.datetime | None = None,
+) -> list[TablePlan]:
+    """Every table of ``layers`` (or only ``tables``, names without namespace), in catalog order."""
+    maintenance = maintenance or maintenance_settings(settings)
+    now = now or dt.datetime.now(dt.UTC)
+    lake = settings.lakehouse
+    protected = silver_positions(catalog, lake.silver_namespace) if maintenance.keep_silver_position else {}
+    plans: list[TablePlan] = []
+    for layer in layers:
+        namespace = lake.bronze_namespace if layer == "bronze" else lake.silver_namespace
+        names = _list_tables(catalog, namespace)
+        if tables:
+            names = [name for name in names if name in set(tables)]
+        for name in names:
+            plan = plan_table(
+                catalog,
+                lake.catalog_name,
+                layer,
+                namespace,
+                name,
+                maintenance.layer(layer),
+                now,
+                protected if layer == "bronze" else None,
+            )
+            if plan is not None:
+                plans.append(plan)
+    return plans
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+@dataclass
+class StepResult:
+    step: Step
+    ok: bool
+    seconds: float
+    output: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+
+def spark_error_line(error: BaseException) -> str:
+    """A Spark/Py4J error as one line: the error class and message, plus the SQL position when known."""
+    java = getattr(error, "java_exception", None)
+    text = str(error)
+    if java is not None and not text.strip().startswith("["):
+        with contextlib.suppress(Exception):  # keep the Python text
+            text = str(java.getMessage())
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    first = lines[0] if lines else type(error).__name__
+    first = re.sub(r";\s*line \d+ pos \d+;?$", "", first).rstrip(";").strip()
+    position = re.search(r"line (\d+),? pos (\d+)", text)
+    if position and "line" not in first:
+        first += f" (line {position.group(1)}, pos {position.group(2)})"
+    return first
+
+
+def _output(procedure: str, rows: list[Any]) -> dict[str, int]:
+    if procedure == "remove_orphan_files":
+        return {"orphan_files_count": len(rows)}
+    if not rows:
+        return {}
+    return {key: int(value) for key, value in rows[0].asDict().items() if isinstance(value, int)}
+
+
+def run_step(spark: Any, step: Step) -> StepResult:
+    started = time.monotonic()
+    try:
+        rows = spark.sql(step.sql_at(dt.datetime.now(dt.UTC))).collect()
+    except Exception as exc:
+        return StepResult(step, False, time.monotonic() - started, error=spark_error_line(exc))
+    return StepResult(step, True, time.monotonic() - started, _output(step.procedure, rows))
+
+
+def check_offsets(catalog: Catalog, plan: TablePlan) -> str | None:
+    """None when every offset committed before maintenance is still there, not rewound; else what went wrong."""
+    if plan.layer != "bronze" or not plan.offsets:
+        return None
+    after = decode_offsets(catalog.load_table(plan.table).properties.get(OFFSETS_PROPERTY))
+    lost = [f"{t}[{p}] {o} -> {after.get((t, p))}" for (t, p), o in plan.offsets.items() if after.get((t, p), -1) < o]
+    return None if not lost else "offsets lost or rewound: " + ", ".join(lost)
+
+
+def run_maintenance(
+    spark: Any,
+    catalog: Catalog,
+    plans: Sequence[TablePlan],
+    on_start: Callable[[Step], None] | None = None,
+    on_done: Callable[[StepResult], None] | None = None,
+) -> list[StepResult]:
+    """Run every step; a failing step is recorded and the rest still run. Offsets are re-checked per bronze table."""
+    results: list[StepResult] = []
+    for plan in plans:
+        for step in plan.steps:
+            if on_start is not None:
+                on_start(step)
+            result = run_step(spark, step)
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
+        problem = check_offsets(catalog, plan)
+        if problem is not None:
+            check = Step(plan.layer, plan.table, "check_offsets", f"-- {OFFSETS_PROPERTY} of {plan.table}")
+            result = StepResult(check, False, 0.0, error=problem)
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
+    return results

@@ -1,0 +1,523 @@
+"""What the lakehouse holds and how far behind it is: the logic of `cdclake status`, without any CLI.
+
+Everything is read from Iceberg metadata through pyiceberg (no Spark): per bronze table the row count (snapshot
+summary ``total-records``), the committed offsets (table property ``cdclake.offsets``), the time of the last
+ingest commit, the consumer lag against the broker (Kafka sources only), the dead letters per topic, and for the
+silver table of the same name the bronze snapshot it has applied (``cdclake.bronze_snapshot_id``) and whether bronze
+has moved on since.
+
+Compaction and manifest rewrites add ``replace`` snapshots to bronze that carry no new rows: they neither count as
+ingest commits nor make silver "behind".
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
+
+from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
+from ingest.config import Settings, SourceSettings
+
+log = logging.getLogger(__name__)
+
+APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
+INGESTED_AT_COLUMN = "_cdc_ingested_at"
+APPLIED_AT_COLUMN = "_cdc_applied_at"
+DEFAULT_STALE_AFTER_S = 3600.0
+
+TopicPartition = tuple[str, int]
+# For each asked partition: the broker's high watermark, or the error that prevented reading it.
+WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "int | Exception"]]
+
+
+@dataclass
+class PartitionStatus:
+    topic: str
+    partition: int
+    next_offset: int
+    high_watermark: int | None = None
+    lag: int | None = None
+    lag_error: str | None = None  # why lag is n/a (None with lag None: no broker to ask, e.g. a file source)
+
+
+@dataclass
+class SilverStatus:
+    table: str
+    applied_snapshot_id: int | None
+    applied_snapshot_at: dt.datetime | None  # commit time of that bronze snapshot, while bronze still keeps it
+    behind: bool | None  # None: cannot tell (silver records no applied snapshot)
+    behind_since: dt.datetime | None  # first bronze commit with new rows that silver has not applied
+    applied_at_max: dt.datetime | None  # max(_cdc_applied_at)
+    last_commit: dt.datetime | None  # silver's current snapshot
+
+
+@dataclass
+class BronzeStatus:
+    name: str
+    table: str
+    rows: int | None
+    snapshot_id: int | None
+    last_commit: dt.datetime | None
+    last_commit_from: str | None  # "snapshot" (the last ingest snapshot) or "data" (max _cdc_ingested_at)
+    partitions: list[PartitionStatus] = field(default_factory=list)
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    silver: SilverStatus | None = None
+
+    @property
+    def lag(self) -> int | None:
+        lags = [p.lag for p in self.partitions]
+        return None if not lags or any(lag is None for lag in lags) else sum(lag for lag in lags if lag is not None)
+
+
+@dataclass
+class LakehouseStatus:
+    generated_at: dt.datetime
+    catalog: str
+    bronze_namespace: str
+    silver_namespace: str
+    source: str | None
+    tables: list[BronzeStatus]
+    dead_letters_without_table: dict[str, int]  # topic -> count, for destinations that have no bronze table
+    lag_checked: bool  # whether the broker was asked
+
+
+# -- small readers -------------------------------------------------------------------------------------------------
+def _utc_ms(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+def _utc_us(us: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
+
+
+def _list_tables(catalog: Catalog, namespace: str) -> list[str]:
+    try:
+        return sorted(identifier[-1] for identifier in catalog.list_tables(namespace))
+    except NoSuchNamespaceError:
+        return []
+
+
+def _load(catalog: Catalog, identifier: str) -> Table | None:
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def _is_data_change(snapshot: Snapshot) -> bool:
+    """False for compaction / manifest rewrites, which commit no new rows."""
+    return snapshot.summary is None or snapshot.summary.operation != Operation.REPLACE
+
+
+def total_records(table: Table) -> int | None:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    value = snapshot.summary["total-records"] if snapshot.summary is not None else None
+    return None if value is None else int(value)
+
+
+def column_max_timestamp(table: Table, column: str) -> dt.datetime | None:
+    """max(column) of a timestamp column from the data files' upper bounds; reads the column if a file has none."""
+    from pyiceberg.conversions import from_bytes
+
+    try:
+        field_ = table.schema().find_field(column)
+    except ValueError:
+        return None
+    if table.current_snapshot() is None:
+        return None
+    best: int | None = None
+    for task in table.scan().plan_files():
+        data_file = task.file
+        if not data_file.record_count:
+            continue
+        bound = (data_file.upper_bounds or {}).get(field_.field_id)
+        if bound is None:
+            if (data_file.null_value_counts or {}).get(field_.field_id) == data_file.record_count:
+                continue
+            return _scan_max_timestamp(table, column)  # no metrics for this column: read it
+        value = int(from_bytes(field_.field_type, bound))  # type: ignore[arg-type]
+        best = value if best is None or value > best else best
+    return None if best is None else _utc_us(int(best))
+
+
+def _scan_max_timestamp(table: Table, column: str) -> dt.datetime | None:
+    data = table.scan(selected_fields=(column,)).to_arrow()
+    if data.num_rows == 0:
+        return None
+    value = pc.max(data.column(column)).as_py()
+    if value is None:
+        return None
+    assert isinstance(value, dt.datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=dt.UTC)
+
+
+def last_ingest_commit(table: Table) -> tuple[dt.datetime | None, str | None]:
+    """When the ingester last committed rows: the newest snapshot carrying offsets, else max(_cdc_ingested_at).
+
+    The fallback covers bronze after compaction plus expiry, when no ingest snapshot is left.
+    """
+    ingest = [s for s in table.snapshots() if s.summary is not None and s.summary[OFFSETS_PROPERTY] is not None]
+    if ingest:
+        return _utc_ms(max(s.timestamp_ms for s in ingest)), "snapshot"
+    from_data = column_max_timestamp(table, INGESTED_AT_COLUMN)
+    return (from_data, "data") if from_data is not None else (None, None)
+
+
+def count_dead_letters(
+    catalog: Catalog, bronze_namespace: str, destinations: Iterable[str] | None = None
+) -> dict[str, dict[str, int]]:
+    """Dead letters as {destination table: {topic: count}}; ``destinations`` (``ns.table``) filters the scan."""
+    table = _load(catalog, f"{bronze_namespace}.{DEAD_LETTER_TABLE}")
+    if table is None or table.current_snapshot() is None:
+        return {}
+    wanted = None if destinations is None else sorted(set(destinations))
+    if wanted == []:
+        return {}
+    # (pyiceberg's pydantic-based predicates confuse mypy's view of their constructors)
+    in_: Any = In
+    row_filter: BooleanExpression = AlwaysTrue() if wanted is None else in_("_cdc_destination", wanted)
+    data = table.scan(row_filter=row_filter, selected_fields=("_cdc_destination", "_cdc_topic")).to_arrow()
+    counts: dict[str, dict[str, int]] = {}
+    if data.num_rows == 0:
+        return counts
+    grouped = data.group_by(["_cdc_destination", "_cdc_topic"]).aggregate([([], "count_all")])
+    for row in grouped.to_pylist():
+        destination = str(row["_cdc_destination"])
+        counts.setdefault(destination, {})[str(row["_cdc_topic"])] = int(row["count_all"])
+    return counts
+
+
+# -- consumer lag ---------------------------------------------------------------------------------------------------
+class _QuietLibrdkafka:
+    """librdkafka's own log lines (connection refused, every retry) go to debug: the status shows the error once."""
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        log.debug(msg, *args)
+
+
+def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> WatermarkReader:
+    """A reader of high watermarks with ``get_watermark_offsets(cached=False)``.
+
+    Errors are returned per partition, never raised. After a broker-wide failure (unreachable, authentication,
+    timeout) the remaining partitions get the same error instead of another timeout each.
+    """
+
+    def read(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | Exception]:
+        from confluent_kafka import Consumer, KafkaError, KafkaException
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        from ingest.sources.kafka import consumer_config
+
+        results: dict[TopicPartition, int | Exception] = {}
+        if not partitions:
+            return results
+        try:
+            consumer = Consumer(consumer_config(source), logger=_QuietLibrdkafka())
+        except (KafkaException, ValueError, TypeError) as exc:
+            return dict.fromkeys(partitions, exc)
+        deadline = time.monotonic() + timeout_s
+        try:
+            for index, (topic, partition) in enumerate(partitions):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    results.update(dict.fromkeys(partitions[index:], TimeoutError(f"no answer within {timeout_s}s")))
+                    break
+                try:
+                    _low, high = consumer.get_watermark_offsets(
+                        KafkaTopicPartition(topic, partition), timeout=remaining, cached=False
+                    )
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    code = error.code() if isinstance(error, KafkaError) else None
+                    results[(topic, partition)] = exc
+                    if code not in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                        results.update(dict.fromkeys(partitions[index + 1 :], exc))
+                        break
+                    continue
+                results[(topic, partition)] = -1 if high is None else int(high)
+        finally:
+            consumer.close()
+        return results
+
+    return read
+
+
+def _error_text(error: Exception) -> str:
+    from confluent_kafka import KafkaError
+
+    inner = error.args[0] if error.args else None
+    if isinstance(inner, KafkaError):
+        return str(inner.str())
+    return str(error) or type(error).__name__
+
+
+def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPartition, int | Exception]) -> None:
+    """Fill lag = high watermark - next offset, or say why it is n/a.
+
+    Some Kafka-protocol brokers (Tansu) answer ListOffsets "latest" with the base offset of the last batch plus one,
+    which can lie below what bronze has already read: such an answer is shown as n/a, not as a negative lag.
+    """
+    for part in partitions:
+        mark = marks.get((part.topic, part.partition))
+        if mark is None:
+            part.lag_error = "not asked"
+        elif isinstance(mark, Exception):
+            part.lag_error = _error_text(mark)
+        elif mark < 0:
+            part.lag_error = "broker returned no high watermark"
+        elif mark < part.next_offset:
+            part.high_watermark = mark
+            part.lag_error = (
+                f"broker's high watermark {mark} is below the committed offset {part.next_offset} "
+                "(its ListOffsets 'latest' is unreliable)"
+            )
+        else:
+            part.high_watermark = mark
+            part.lag = mark - part.next_offset
+
+
+# -- silver -----------------------------------------------------------------------------------------------------------
+def _parse_snapshot_id(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
+
+
+def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus:
+    applied = _parse_snapshot_id(silver.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+    current = silver.current_snapshot()
+    last_commit = None if current is None else _utc_ms(current.timestamp_ms)
+    applied_snapshot = None if applied is None else bronze.snapshot_by_id(applied)
+    behind, since = _behind(bronze, applied, last_commit)
+    return SilverStatus(
+        table=identifier,
+        applied_snapshot_id=applied,
+        applied_snapshot_at=None if applied_snapshot is None else _utc_ms(applied_snapshot.timestamp_ms),
+        behind=behind,
+        behind_since=since,
+        applied_at_max=column_max_timestamp(silver, APPLIED_AT_COLUMN),
+        last_commit=last_commit,
+    )
+
+
+def _behind(
+    bronze: Table, applied: int | None, silver_commit: dt.datetime | None
+) -> tuple[bool | None, dt.datetime | None]:
+    """Whether bronze holds rows silver has not applied, and since when (the first such bronze commit)."""
+    current = bronze.current_snapshot()
+    if current is None:
+        return False, None
+    if applied is None:
+        return None, None
+    pending: list[Snapshot] = []
+    found = False
+    for snapshot in ancestors_of(current, bronze.metadata):
+        if snapshot.snapshot_id == applied:
+            found = True
+            break
+        pending.append(snapshot)
+    data = [s for s in pending if _is_data_change(s)]
+    if data:
+        return True, _utc_ms(min(s.timestamp_ms for s in data))
+    if found:
+        return False, None
+    # The applied snapshot has been expired and every retained snapshot is a rewrite: compare times instead.
+    ingested = column_max_timestamp(bronze, INGESTED_AT_COLUMN)
+    if ingested is not None and silver_commit is not None and ingested > silver_commit:
+        return True, ingested
+    return False, None
+
+
+# -- the whole lakehouse -------------------------------------------------------------------------------------------
+def collect_status(
+    settings: Settings,
+    catalog: Catalog | None = None,
+    tables: Sequence[str] | None = None,
+    watermarks: WatermarkReader | None = None,
+    check_lag: bool = True,
+    lag_timeout_s: float = 5.0,
+    now: dt.datetime | None = None,
+) -> LakehouseStatus:
+    """The status of every bronze table (or of ``tables``, names without namespace).
+
+    ``watermarks`` defaults to asking the configured Kafka cluster; file sources have no lag.
+    """
+    if catalog is None:
+        from ingest.lakehouse import load_catalog
+
+        catalog = load_catalog(settings)
+    lake = settings.lakehouse
+    names = [name for name in _list_tables(catalog, lake.bronze_namespace) if name != DEAD_LETTER_TABLE]
+    if tables:
+        wanted = set(tables)
+        names = [name for name in names if name in wanted]
+    destinations = None if not tables else [f"{lake.bronze_namespace}.{name}" for name in tables]
+    dead = count_dead_letters(catalog, lake.bronze_namespace, destinations)
+
+    result: list[BronzeStatus] = []
+    for name in names:
+        identifier = f"{lake.bronze_namespace}.{name}"
+        table = _load(catalog, identifier)
+        if table is None:  # dropped meanwhile
+            continue
+        last_commit, last_from = last_ingest_commit(table)
+        current = table.current_snapshot()
+        offsets = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+        status = BronzeStatus(
+            name=name,
+            table=identifier,
+            rows=total_records(table),
+            snapshot_id=None if current is None else current.snapshot_id,
+            last_commit=last_commit,
+            last_commit_from=last_from,
+            partitions=[
+                PartitionStatus(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())
+            ],
+            dead_letters=dict(sorted(dead.pop(identifier, {}).items())),
+        )
+        silver_id = f"{lake.silver_namespace}.{name}"
+        silver = _load(catalog, silver_id)
+        if silver is not None:
+            status.silver = silver_status(silver, silver_id, table)
+        result.append(status)
+
+    source = settings.source
+    lag_checked = False
+    if check_lag and (watermarks is not None or (source is not None and source.type == "kafka")):
+        if watermarks is None:
+            assert source is not None
+            watermarks = kafka_watermarks(source, lag_timeout_s)
+        asked = [(p.topic, p.partition) for status in result for p in status.partitions]
+        try:
+            marks = watermarks(asked)
+        except Exception as exc:  # a broken reader must not break the status
+            marks = dict.fromkeys(asked, exc)
+        for status in result:
+            apply_watermarks(status.partitions, marks)
+        lag_checked = True
+
+    orphans: dict[str, int] = {}
+    for topics in dead.values():
+        for topic, count in topics.items():
+            orphans[topic] = orphans.get(topic, 0) + count
+    return LakehouseStatus(
+        generated_at=now or dt.datetime.now(dt.UTC),
+        catalog=lake.catalog_name,
+        bronze_namespace=lake.bronze_namespace,
+        silver_namespace=lake.silver_namespace,
+        source=None if source is None else source.type,
+        tables=result,
+        dead_letters_without_table=dict(sorted(orphans.items())),
+        lag_checked=lag_checked,
+    )
+
+
+def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:
+    """Why the lakehouse counts as stale: bronze not committed for too long, or silver behind for too long."""
+    now = now or status.generated_at
+    limit = dt.timedelta(seconds=stale_after_s)
+    problems: list[str] = []
+    for table in status.tables:
+        if table.last_commit is None:
+            problems.append(f"{table.table}: no ingest commit found")
+        elif now - table.last_commit > limit:
+            problems.append(
+                f"{table.table}: last commit {format_age(now - table.last_commit)} ago "
+                f"({table.last_commit:%Y-%m-%d %H:%M:%S}Z), older than {stale_after_s:g}s"
+            )
+        silver = table.silver
+        if silver is None or not silver.behind:
+            continue
+        if silver.behind_since is None:
+            problems.append(f"{silver.table}: behind {table.table} (since an unknown time)")
+        elif now - silver.behind_since > limit:
+            problems.append(
+                f"{silver.table}: behind {table.table} for {format_age(now - silver.behind_since)}, "
+                f"longer than {stale_after_s:g}s"
+            )
+    return problems
+
+
+def format_age(delta: dt.timedelta) -> str:
+    seconds = max(int(delta.total_seconds()), 0)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    if seconds < 172_800:
+        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def status_document(status: LakehouseStatus, stale_after_s: float, problems: list[str]) -> dict[str, Any]:
+    """The JSON form of `cdclake status --json` (stable keys for scripts)."""
+
+    def silver(item: SilverStatus | None) -> dict[str, Any] | None:
+        if item is None:
+            return None
+        return {
+            "table": item.table,
+            "applied_bronze_snapshot_id": item.applied_snapshot_id,
+            "applied_bronze_snapshot_at": _iso(item.applied_snapshot_at),
+            "behind": item.behind,
+            "behind_since": _iso(item.behind_since),
+            "applied_at_max": _iso(item.applied_at_max),
+            "last_commit": _iso(item.last_commit),
+        }
+
+    return {
+        "generated_at": _iso(status.generated_at),
+        "catalog": status.catalog,
+        "bronze_namespace": status.bronze_namespace,
+        "silver_namespace": status.silver_namespace,
+        "source": status.source,
+        "lag_checked": status.lag_checked,
+        "stale_after_s": stale_after_s,
+        "stale": bool(problems),
+        "problems": problems,
+        "tables": [
+            {
+                "name": table.name,
+                "table": table.table,
+                "rows": table.rows,
+                "snapshot_id": table.snapshot_id,
+                "last_commit": _iso(table.last_commit),
+                "last_commit_from": table.last_commit_from,
+                "lag": table.lag,
+                "offsets": [
+                    {
+                        "topic": p.topic,
+                        "partition": p.partition,
+                        "next_offset": p.next_offset,
+                        "high_watermark": p.high_watermark,
+                        "lag": p.lag,
+                        "lag_error": p.lag_error,
+                    }
+                    for p in table.partitions
+                ],
+                "dead_letters": table.dead_letters,
+                "silver": silver(table.silver),
+            }
+            for table in status.tables
+        ],
+        "dead_letters_without_table": status.dead_letters_without_table,
+    }

@@ -1,0 +1,194 @@
+"""Silver semantics with real dbt on real Spark and Iceberg (net effect, ordering guard, tombstones, truncate)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from tests.silver_harness import Change, SilverHarness, Topic
+from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SilverHarness]:  # noqa: F811
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness
+
+
+@pytest.fixture
+def dumps(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def apply(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, config: str = "") -> None:
+    harness.land(topic, changes, dumps)
+    harness.write_model(topic, config)
+    assert harness.build(topic), "dbt build failed"
+
+
+C, U, D, R, T = "c", "u", "d", "r", "t"
+
+
+def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
+    """IBM CDC's example (reference §6.2/§6.4): three tables, one unit of work, net effect per table."""
+    t1, t2, t3 = harness.topic("table1"), harness.topic("table2"), harness.topic("table3")
+    # State before the unit of work: TABLE1 has keys 2 and 3, TABLE2 has key 1.
+    apply(harness, t1, [Change(C, 2, 1, "othercolval2"), Change(C, 3, 2, "othercolval3-old")], dumps)
+    apply(harness, t2, [Change(C, 1, 3, "othercolval1-old")], dumps)
+    apply(harness, t3, [], dumps)
+    # The eleven source operations, in order (positions 10..20).
+    uow = [
+        (t1, Change(C, 1, 10, "othercolval1")),
+        (t1, Change(D, 2, 11)),
+        (t2, Change(D, 1, 12)),
+        (t2, Change(C, 1, 13, "othercolval1")),
+        (t1, Change(U, 3, 14, "othercolval3")),
+        (t3, Change(C, 1, 15, "othercolval1")),
+        (t2, Change(C, 2, 16, "othercolval2")),
+        (t3, Change(C, 2, 17, "othercolval2")),
+        (t2, Change(C, 3, 18, "othercolval3")),
+        (t2, Change(D, 3, 19)),
+        (t1, Change(C, 4, 20, "othercolval4")),
+    ]
+    for topic in (t1, t2, t3):
+        apply(harness, topic, [change for owner, change in uow if owner is topic], dumps)
+    assert harness.silver(t1) == {1: "othercolval1", 3: "othercolval3", 4: "othercolval4"}
+    assert harness.silver(t2) == {1: "othercolval1", 2: "othercolval2"}
+    assert harness.silver(t3) == {1: "othercolval1", 2: "othercolval2"}
+    for topic in (t1, t2, t3):
+        assert harness.silver(topic) == topic.expected()
+
+
+def test_idempotent_reruns_and_replays(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("replays")
+    changes = [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(U, 1, 3, "a2"), Change(D, 2, 4)]
+    apply(harness, topic, changes, dumps)
+    assert harness.silver(topic) == {1: "a2"}
+    before = harness.silver_snapshot(topic)
+    assert harness.build(topic)  # nothing new: no commit at all
+    assert harness.silver_snapshot(topic) == before
+    # At-least-once: the same changes land again (new offsets, same positions) -> same silver.
+    apply(harness, topic, changes, dumps)
+    assert harness.silver(topic) == {1: "a2"}
+
+
+def test_late_older_changes_never_resurrect_or_overwrite(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("late")
+    apply(
+        harness, topic, [Change(C, 1, 10, "x"), Change(D, 1, 20), Change(C, 2, 10, "y"), Change(U, 2, 30, "y3")], dumps
+    )
+    assert harness.silver(topic) == {2: "y3"}
+    # An older update of the deleted key, and an older update of the live key, arrive in a later unit of work.
+    apply(harness, topic, [Change(U, 1, 15, "zombie"), Change(U, 2, 25, "stale")], dumps)
+    assert harness.silver(topic) == {2: "y3"}
+    # A newer change of the deleted key does apply.
+    apply(harness, topic, [Change(C, 1, 40, "reborn")], dumps)
+    assert harness.silver(topic) == {1: "reborn", 2: "y3"}
+
+
+def test_insert_then_delete_in_one_unit_leaves_nothing(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("transient")
+    apply(harness, topic, [Change(C, 1, 1, "keep")], dumps)
+    apply(harness, topic, [Change(C, 2, 2, "gone"), Change(U, 2, 3, "gone2"), Change(D, 2, 4)], dumps)
+    assert harness.silver(topic) == {1: "keep"}
+
+
+def test_primary_key_change_ends_with_the_new_key(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("pkchange")
+    apply(harness, topic, [Change(C, 2, 1, "george")], dumps)
+    # UPDATE ... SET id = 102: delete(old key) + tombstone + create(new key) at one position.
+    apply(harness, topic, [Change(D, 2, 5), Change(C, 102, 5, "george")], dumps)
+    assert harness.silver(topic) == {102: "george"}
+
+
+def test_snapshot_read_never_overwrites_a_newer_streamed_change(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("snapshot")
+    apply(harness, topic, [Change(U, 1, 12, "streamed")], dumps)
+    apply(harness, topic, [Change(R, 1, 10, "snapshot"), Change(R, 2, 10, "only-in-snapshot")], dumps)
+    assert harness.silver(topic) == {1: "streamed", 2: "only-in-snapshot"}
+    # Same position: a change beats a snapshot read of it.
+    apply(harness, topic, [Change(R, 3, 50, "read"), Change(U, 3, 50, "changed")], dumps)
+    assert harness.silver(topic)[3] == "changed"
+
+
+def test_truncate_removes_older_rows(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("truncate")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    apply(
+        harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after-truncate"), Change(U, 1, 4, "before-truncate")], dumps
+    )
+    assert harness.silver(topic) == {3: "after-truncate"} == topic.expected()
+
+
+def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("soft")
+    config = "delete_mode='soft'"
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps, config)
+    apply(harness, topic, [Change(D, 1, 3), Change(U, 1, 2, "late")], dumps, config)
+    assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
+    flagged = harness.spark.sql(
+        f"select id, _cdc_deleted_at is not null as stamped from silver.{topic.table} where _cdc_deleted"
+    ).collect()
+    assert [(row["id"], row["stamped"]) for row in flagged] == [(1, True)]
+
+
+def test_full_refresh_gives_the_same_table(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("refresh")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], dumps)
+    incremental = harness.silver(topic)
+    assert harness.build(topic, "--full-refresh")
+    assert harness.silver(topic) == incremental == topic.expected()
+
+
+def test_silver_rows_carry_their_metadata(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("metadata")
+    apply(harness, topic, [Change(C, 1, 7, "a")], dumps)
+    row = harness.spark.sql(f"select * from silver.{topic.table}").collect()[0].asDict()
+    assert row["_cdc_order"] == [7, 7]
+    assert row["_cdc_op"] == "c"
+    assert row["_cdc_source_ts"] is not None
+    assert row["_cdc_applied_at"] is not None
+    assert {"id", "v", "n"} <= row.keys()
+
+
+changes_strategy = st.lists(
+    st.tuples(st.sampled_from("cudr"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])),
+    min_size=1,
+    max_size=12,
+)
+
+
+# Each example runs dbt a few times: few examples, and no shrinking (it would run dbt hundreds of times).
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(batches=st.lists(changes_strategy, min_size=1, max_size=3), replay=st.booleans())
+def test_random_histories_match_the_reference_model(
+    harness: SilverHarness,
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[tuple[str, int, int, str | None]]],
+    replay: bool,
+) -> None:
+    """Random per-key histories, random batching, duplicates and replays: silver == reference after every batch."""
+    topic = harness.topic("property")
+    dumps = tmp_path_factory.mktemp("property")
+    landed: list[Change] = []
+    for batch in batches:
+        changes = [Change(op, key, lsn, None if op == "d" else (value or "v")) for op, key, lsn, value in batch]
+        if replay and landed:
+            changes = landed[: len(landed) // 2] + changes  # replay of an old segment
+        landed.extend(changes)
+        apply(harness, topic, changes, dumps)
+        assert harness.silver(topic) == topic.expected()
