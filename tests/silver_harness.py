@@ -142,9 +142,10 @@ class SilverHarness:
     @classmethod
     def create(cls, settings: Settings, root: Path) -> SilverHarness:
         project = root / "dbt_project"
-        shutil.copytree(
-            PROJECT_ROOT / "dbt_project", project, ignore=shutil.ignore_patterns("target", "dbt_packages", "logs")
-        )
+        # The reference project's settings and macros, without its models (those belong to the demo's tables).
+        ignore = shutil.ignore_patterns("target", "dbt_packages", "logs", "package-lock.yml", "*.sql", "*.yml")
+        shutil.copytree(PROJECT_ROOT / "dbt_project", project, ignore=ignore)
+        shutil.copy(PROJECT_ROOT / "dbt_project" / "dbt_project.yml", project / "dbt_project.yml")
         (project / "packages.yml").write_text(f"packages:\n  - local: {PROJECT_ROOT / 'dbt_cdclake'}\n")
         settings = settings.model_copy(update={"dbt": settings.dbt.model_copy(update={"project_dir": str(project)})})
         return cls(settings, project)

@@ -192,3 +192,44 @@ def test_random_histories_match_the_reference_model(
         landed.extend(changes)
         apply(harness, topic, changes, dumps)
         assert harness.silver(topic) == topic.expected()
+
+
+def test_schemaless_topic_needs_keys_and_keeps_documents(harness: SilverHarness, dumps: Path) -> None:
+    """schemas.enable=false: no key schema, so the model must name its keys; rows keep the image as JSON."""
+    import orjson
+
+    from ingest.bronze.tables import BronzeTables
+    from ingest.lakehouse import load_catalog
+    from ingest.pipeline import Pipeline
+    from ingest.sources.file import FileSource
+
+    topic = harness.topic("schemaless")
+    source = {"connector": "informix", "commit_lsn": "1", "change_lsn": "1"}
+    lines = [
+        {
+            "topic": topic.name,
+            "partition": 0,
+            "offset": i,
+            "key": orjson.dumps({"id": k}).decode(),
+            "payload": orjson.dumps(
+                {"op": op, "after": after, "before": None, "source": {**source, "commit_lsn": str(i + 1)}}
+            ).decode(),
+        }
+        for i, (k, op, after) in enumerate(
+            [(1, "c", {"id": 1, "v": "a"}), (2, "c", {"id": 2, "v": "b"}), (1, "u", {"id": 1, "v": "a2"})]
+        )
+    ]
+    path = dumps / "schemaless.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    tables = BronzeTables(load_catalog(harness.settings), "bronze")
+    Pipeline(harness.settings.ingest, tables, FileSource(path)).run(once=True)
+
+    harness.write_model(topic)
+    assert not harness.build(topic)  # no key: a clear compile error (see the dbt log), nothing built
+    log = (harness.project / "logs" / "dbt.log").read_text()
+    assert f"bronze table bronze.{topic.table} has no key" in log
+
+    harness.write_model(topic, "keys=['id']")
+    assert harness.build(topic)
+    rows = harness.spark.sql(f"select id, _cdc_document from silver.{topic.table} order by id").collect()
+    assert [(row["id"], orjson.loads(row["_cdc_document"])["v"]) for row in rows] == [("1", "a2"), ("2", "b")]

@@ -1,0 +1,76 @@
+"""`cdclake scaffold`: one model per bronze table, never overwriting an edited file, keyless tables reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from ingest.bronze.tables import BronzeTables
+from ingest.lakehouse import load_catalog
+from ingest.pipeline import Pipeline
+from ingest.scaffold import is_unedited, scaffold
+from ingest.sources.file import FileSource
+from tests.conftest import FIXTURES, make_settings
+
+
+def land(lakehouse: Path, dump: Path) -> BronzeTables:
+    settings = make_settings(lakehouse)
+    tables = BronzeTables(load_catalog(settings), "bronze")
+    Pipeline(settings.ingest, tables, FileSource(dump)).run(once=True)
+    return tables
+
+
+def test_scaffold_writes_models_and_respects_edits(lakehouse: Path, tmp_path: Path) -> None:
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    report = scaffold(tables, project)
+    models = project / "models" / "silver"
+    names = sorted(p.name for p in report.written)
+    assert names == [
+        "_bronze_sources.yml",
+        "dbserver1_inventory_customers.sql",
+        "dbserver1_inventory_customers.yml",
+        "dbserver1_inventory_typed_values.sql",
+        "dbserver1_inventory_typed_values.yml",
+    ]
+    sql = (models / "dbserver1_inventory_customers.sql").read_text()
+    assert "materialized='cdc_silver', keys=['id']" in sql
+    assert "source('bronze', 'dbserver1_inventory_customers')" in sql
+    assert "cdclake.cdclake_equals_recompute" in (models / "dbserver1_inventory_customers.yml").read_text()
+    # The transaction-metadata table is not a change table: no model, and not reported as a problem.
+    assert not (models / "dbserver1_transaction.sql").exists()
+    assert report.skipped == {}
+
+    assert scaffold(tables, project).written == []  # idempotent
+
+    edited = models / "dbserver1_inventory_customers.sql"
+    edited.write_text(edited.read_text() + "where op is not null\n")
+    assert not is_unedited(edited)
+    again = scaffold(tables, project)
+    assert edited in again.kept
+    assert "where op is not null" in edited.read_text()
+
+
+def test_scaffold_select_pattern(lakehouse: Path, tmp_path: Path) -> None:
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    report = scaffold(tables, tmp_path / "p", select="*typed*")
+    assert [p.name for p in report.written if p.suffix == ".sql"] == ["dbserver1_inventory_typed_values.sql"]
+
+
+def test_table_without_key_is_reported_and_skipped(lakehouse: Path, tmp_path: Path) -> None:
+    source = {"connector": "informix", "commit_lsn": "1", "change_lsn": "1"}
+    line = {
+        "topic": "ifx.s.nokey",
+        "partition": 0,
+        "offset": 0,
+        "key": None,  # a table without a primary key: Debezium sends no key
+        "payload": orjson.dumps({"op": "c", "after": {"a": 1}, "source": source}).decode(),
+    }
+    dump = tmp_path / "nokey.jsonl"
+    dump.write_bytes(orjson.dumps(line) + b"\n")
+    tables = land(lakehouse, dump)
+    report = scaffold(tables, tmp_path / "project")
+    assert "ifx_s_nokey" in report.skipped
+    assert "no key" in report.skipped["ifx_s_nokey"]
+    assert not (tmp_path / "project" / "models" / "silver" / "ifx_s_nokey.sql").exists()
