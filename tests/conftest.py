@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,5 +30,5 @@ def make_settings(root: Path, **sections: Any) -> Settings:
 
 
 @pytest.fixture
-def lakehouse(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path / "lakehouse"
+def lakehouse(tmp_path: Path) -> Path:
+    return tmp_path / "lakehouse"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 
 @pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SilverHarness]:  # noqa: F811
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:  # noqa: F811
     harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
     harness.spark = spark_lakehouse.spark
     return harness
