@@ -16,7 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pyarrow as pa
 
@@ -26,7 +27,7 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.rows import BronzeRow, Layout, RowBuilder
 from ingest.bronze.tables import BronzeTables, Offsets, TableBatch, merge_offsets
 from ingest.config import IngestSettings
-from ingest.debezium.envelope import RawRecord, RecordKind, decode
+from ingest.debezium.envelope import Envelope, RawRecord, RecordKind, decode
 from ingest.errors import DecodeError, TypeConflictError
 from ingest.metrics import IngestMetrics
 from ingest.sources.base import Source
@@ -71,6 +72,8 @@ class Pipeline:
         self._schemas: dict[str, pa.Schema | None] = {}
         self._seen_schemas: dict[str, set[int]] = {}
         self._layouts: dict[str, str | None] = {}
+        # Last Connect schemas seen per topic, for records that arrive without one (see _with_known_schema).
+        self._topic_schemas: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
         self._buffer: dict[str, TableBatch] = {}
         self._buffered_records = 0
         self._buffered_bytes = 0
@@ -133,7 +136,7 @@ class Pipeline:
             self._skip("replay")
             return
         try:
-            envelope = decode(record)
+            envelope = self._with_known_schema(record.topic, decode(record))
             if envelope.kind is RecordKind.HEARTBEAT and self.settings.skip_heartbeats:
                 self._skip("heartbeat")
                 return
@@ -153,6 +156,23 @@ class Pipeline:
         batch.rows.append(row.row)
         batch.offsets[tp] = record.offset + 1
         self._note_buffered(record)
+
+    def _with_known_schema(self, topic: str, envelope: Envelope) -> Envelope:
+        """A record without a schema on a topic whose records had one is read with the topic's last schema.
+
+        Debezium's documentation examples elide the schema of some events of a topic; a converter misconfigured
+        on one worker does the same. The record must still fit that schema, or it becomes a dead letter.
+        """
+        if envelope.kind is not RecordKind.CHANGE and envelope.kind is not RecordKind.TOMBSTONE:
+            return envelope
+        key_schema, value_schema = self._topic_schemas.get(topic, (None, None))
+        if envelope.value_schema is not None or envelope.key_schema is not None:
+            self._topic_schemas[topic] = (envelope.key_schema or key_schema, envelope.value_schema or value_schema)
+            if envelope.value_schema is not None or envelope.payload is None:
+                return envelope
+        if value_schema is None or envelope.payload is None:
+            return envelope
+        return replace(envelope, key_schema=envelope.key_schema or key_schema, value_schema=value_schema)
 
     def _dead_letter(self, record: RawRecord, name: str, error: Exception, ingested_at: dt.datetime) -> None:
         tp = (record.topic, record.partition)
