@@ -54,8 +54,12 @@ class LakehouseSettings(_Section):
         pattern=r"^[a-z_][a-z0-9_]*$",
         description="Iceberg catalog name; stored in the catalog, so Spark and pyiceberg must agree.",
     )
-    bronze_namespace: str = Field(default="bronze", pattern=r"^[a-z_][a-z0-9_]*$")
-    silver_namespace: str = Field(default="silver", pattern=r"^[a-z_][a-z0-9_]*$")
+    bronze_namespace: str = Field(
+        default="bronze", pattern=r"^[a-z_][a-z0-9_]*$", description="Namespace of the bronze tables."
+    )
+    silver_namespace: str = Field(
+        default="silver", pattern=r"^[a-z_][a-z0-9_]*$", description="Namespace of the silver tables (dbt schema)."
+    )
 
 
 class SparkSettings(_Section):
@@ -64,23 +68,23 @@ class SparkSettings(_Section):
     master: str = Field(
         default="local[2]", description="Spark master URL (local[N], spark://host:7077, yarn, k8s://...)."
     )
-    driver_memory: str = Field(default="2g")
+    driver_memory: str = Field(default="2g", description="spark.driver.memory of cdclake's Spark sessions.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings, passed through.")
 
 
 class SourceSettings(_Section):
     """Where change events come from: a Kafka cluster, or a topic dump in `kcat -C -J` JSON lines."""
 
-    type: Literal["kafka", "file"] = "kafka"
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topics: list[str] = Field(default_factory=list)
+    type: Literal["kafka", "file"] = Field(default="kafka", description="kafka, or file (a kcat -J topic dump).")
+    bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers.")
+    topics: list[str] = Field(default_factory=list, description="Debezium topics to follow.")
     topic_pattern: str | None = Field(default=None, description="Regex of topics to follow, e.g. '^dbserver1\\..*'.")
     group_id: str = Field(default="cdclake", description="Consumer group; group commits are advisory only.")
     consumer: dict[str, SecretStr] = Field(
         default_factory=dict, description="Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*)."
     )
     path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")
-    poll_timeout_s: float = Field(default=1.0, gt=0)
+    poll_timeout_s: float = Field(default=1.0, gt=0, description="Longest wait for records in one poll.")
 
     @field_validator("topic_pattern")
     @classmethod
@@ -129,7 +133,7 @@ class IngestSettings(_Section):
     )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve /metrics and /healthz here.")
     unhealthy_after_s: float = Field(default=60.0, gt=0, description="/healthz fails after this long without progress.")
-    skip_heartbeats: bool = True
+    skip_heartbeats: bool = Field(default=True, description="Skip Debezium heartbeat topics' records.")
 
     @field_validator("table_mapping")
     @classmethod
@@ -140,9 +144,41 @@ class IngestSettings(_Section):
         return value
 
 
+class LayerMaintenance(_Section):
+    """Upkeep settings of one layer."""
+
+    expire_older_than_hours: float = Field(
+        default=72.0, ge=0, description="Expire snapshots older than this (time travel window)."
+    )
+    retain_last: int = Field(default=10, ge=1, description="Always keep this many most recent snapshots.")
+    orphan_older_than_hours: float = Field(
+        default=72.0,
+        ge=24,
+        description="Delete unreferenced files older than this; must exceed the longest write (Iceberg: >= 24).",
+    )
+    min_input_files: int = Field(default=2, ge=1, description="Compact a partition once it has this many files.")
+    delete_file_threshold: int | None = Field(
+        default=None, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
+    )
+
+
+class MaintenanceSettings(_Section):
+    """``maintenance:`` in cdclake.yml (bronze and silver upkeep)."""
+
+    bronze: LayerMaintenance = Field(default_factory=LayerMaintenance)
+    silver: LayerMaintenance = Field(default_factory=lambda: LayerMaintenance(delete_file_threshold=1))
+    keep_silver_position: bool = Field(
+        default=True,
+        description="Never expire the bronze snapshot a silver table has applied (its incremental start point).",
+    )
+
+    def layer(self, layer: Literal["bronze", "silver"]) -> LayerMaintenance:
+        return self.bronze if layer == "bronze" else self.silver
+
+
 class DbtSettings(_Section):
     project_dir: str = Field(default="dbt_project", description="dbt project used by `cdclake dbt` and scaffold.")
-    target: str = Field(default="session")
+    target: str = Field(default="session", description="dbt target of the generated profile.")
 
 
 class Settings(_Section):
@@ -151,6 +187,7 @@ class Settings(_Section):
     source: Annotated[SourceSettings | None, Field(default=None)] = None
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     dbt: DbtSettings = Field(default_factory=DbtSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     # Directory relative paths are resolved against (the config file's folder, or the working directory).
     base_dir: str = Field(default=".", exclude=True)
 

@@ -7,6 +7,7 @@ settings in ``spark_conf/embedded.conf``, so nobody writes a catalog URI or a ja
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,19 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
 def load_catalog(settings: Settings) -> Any:
     """The pyiceberg SQL catalog; it creates the catalog tables on first use (Spark must not: see below)."""
     from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-    return SqlCatalog(settings.lakehouse.catalog_name, **catalog_properties(settings))
+    properties = catalog_properties(settings)
+    for attempt in range(1, 4):
+        try:
+            return SqlCatalog(settings.lakehouse.catalog_name, **properties)
+        except (IntegrityError, ProgrammingError):
+            # Several processes starting at once on a new PostgreSQL catalog all try to create its tables; the
+            # losers fail with a unique violation (pg_type) and find the winner's tables on the next try.
+            if attempt == 3:
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def jdbc_catalog_conf(settings: Settings) -> dict[str, str]:

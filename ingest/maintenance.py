@@ -28,14 +28,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from ingest.bronze.tables import OFFSETS_PROPERTY, Offsets, decode_offsets
-from ingest.config import Settings
+from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
 
 Layer = Literal["bronze", "silver"]
 LAYERS: tuple[Layer, ...] = ("bronze", "silver")
@@ -44,46 +43,9 @@ APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 MIN_ORPHAN_HOURS = 24.0
 
 
-class LayerMaintenance(BaseModel):
-    """Upkeep settings of one layer."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    expire_older_than_hours: float = Field(
-        default=72.0, ge=0, description="Expire snapshots older than this (time travel window)."
-    )
-    retain_last: int = Field(default=10, ge=1, description="Always keep this many most recent snapshots.")
-    orphan_older_than_hours: float = Field(
-        default=72.0,
-        ge=MIN_ORPHAN_HOURS,
-        description="Delete unreferenced files older than this; must exceed the longest write (Iceberg: >= 24).",
-    )
-    min_input_files: int = Field(default=2, ge=1, description="Compact a partition once it has this many files.")
-    delete_file_threshold: int | None = Field(
-        default=None, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
-    )
-
-
-class MaintenanceSettings(BaseModel):
-    """``maintenance:`` in cdclake.yml (bronze and silver upkeep)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    bronze: LayerMaintenance = Field(default_factory=LayerMaintenance)
-    silver: LayerMaintenance = Field(default_factory=lambda: LayerMaintenance(delete_file_threshold=1))
-    keep_silver_position: bool = Field(
-        default=True,
-        description="Never expire the bronze snapshot a silver table has applied (its incremental start point).",
-    )
-
-    def layer(self, layer: Layer) -> LayerMaintenance:
-        return self.bronze if layer == "bronze" else self.silver
-
-
 def maintenance_settings(settings: Settings) -> MaintenanceSettings:
-    """``settings.maintenance`` once Settings carries it; the defaults until then."""
-    configured = getattr(settings, "maintenance", None)
-    return configured if isinstance(configured, MaintenanceSettings) else MaintenanceSettings()
+    """``maintenance:`` in cdclake.yml."""
+    return settings.maintenance
 
 
 # -- SQL -------------------------------------------------------------------------------------------------------------

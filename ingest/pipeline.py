@@ -25,7 +25,15 @@ from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.rows import BronzeRow, Layout, RowBuilder
-from ingest.bronze.tables import BronzeTables, Offsets, TableBatch, merge_offsets
+from ingest.bronze.tables import (
+    LAYOUT_PROPERTY,
+    OFFSETS_PROPERTY,
+    BronzeTables,
+    Offsets,
+    TableBatch,
+    decode_offsets,
+    merge_offsets,
+)
 from ingest.config import IngestSettings
 from ingest.debezium.envelope import Envelope, RawRecord, RecordKind, decode
 from ingest.errors import DecodeError, TypeConflictError
@@ -89,8 +97,6 @@ class Pipeline:
         if table is None:
             self._committed[name], self._schemas[name], self._layouts[name] = {}, None, None
             return
-        from ingest.bronze.tables import LAYOUT_PROPERTY, OFFSETS_PROPERTY, decode_offsets
-
         stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
         self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
         self._schemas[name] = normalized(table.schema().as_arrow())
@@ -265,14 +271,15 @@ class Pipeline:
         except Exception:
             self.metrics.commit_failures.labels(batch.name).inc()
             raise
-        self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)
-        if batch.name != DEAD_LETTER_TABLE:
-            self.stats.written += written
-            self.stats.tables.add(batch.name)
-            self.metrics.records_written.labels(batch.name).inc(written)
-            # Evolution happened in the commit: re-read the table's schema next time it matters.
-            self._seen_schemas.pop(batch.name, None)
-            self._committed.pop(batch.name, None)
+        if batch.name == DEAD_LETTER_TABLE:
+            self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)
+            return
+        self.stats.written += written
+        self.stats.tables.add(batch.name)
+        self.metrics.records_written.labels(batch.name).inc(written)
+        # The commit may have evolved the schema, and other writers may have moved offsets: re-read the table's
+        # state (offsets, schema) when its next record arrives.
+        self._committed.pop(batch.name, None)
 
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
         """Before partitions move to another process, commit what is buffered (rebalance callback)."""

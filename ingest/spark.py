@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from ingest.config import Settings
@@ -14,6 +15,7 @@ def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     """Create (or reuse) the process's SparkSession with every setting of this lakehouse."""
     # pyspark turns timestamps into naive local datetimes: keep the Python side in UTC too.
     os.environ.setdefault("TZ", "UTC")
+    time.tzset()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession

@@ -21,7 +21,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
@@ -93,7 +93,8 @@ class BronzeTables:
         self.catalog = catalog
         self.namespace = namespace
         self.commit_attempts = commit_attempts
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        # IntegrityError: another process created it between pyiceberg's existence check and its insert.
+        with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(namespace)
 
     def identifier(self, name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -57,5 +58,24 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except CdclakeError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
+        _report_error(f"error: {exc}")
         sys.exit(2)
+    except Exception as exc:
+        if not _json_logging():
+            raise
+        logging.getLogger("cdclake").exception("failed: %s", exc)
+        sys.exit(1)
+
+
+def _json_logging() -> bool:
+    from ingest.logs import JsonFormatter
+
+    return any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers)
+
+
+def _report_error(message: str) -> None:
+    """In JSON-log mode (containers) the error is one more JSON line; on a terminal it is red text."""
+    if _json_logging():
+        logging.getLogger("cdclake").error(message)
+    else:
+        click.secho(message, fg="red", err=True)

@@ -75,10 +75,23 @@ def ingest(ctx: click.Context, once: bool, progress: bool | None) -> int:
     finally:
         if server is not None:
             server.stop()
-    click.echo(
-        f"ingested {stats.records_in} records: {stats.written} written to {len(stats.tables)} bronze table(s), "
-        f"{stats.dead_letters} dead letters, {stats.skipped} skipped (already in bronze or heartbeats)",
-        err=True,
+    # A log record, not a bare echo: with --log-format json every line on stderr stays a JSON object.
+    log.info(
+        "ingested %d records: %d written to %d bronze table(s), %d dead letters, %d skipped "
+        "(already in bronze or heartbeats)",
+        stats.records_in,
+        stats.written,
+        len(stats.tables),
+        stats.dead_letters,
+        stats.skipped,
+        extra={
+            "records_in": stats.records_in,
+            "written": stats.written,
+            "tables": sorted(stats.tables),
+            "dead_letters": stats.dead_letters,
+            "skipped": stats.skipped,
+            "flushes": stats.flushes,
+        },
     )
     return 0
 

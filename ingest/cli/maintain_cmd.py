@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -11,11 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ingest.cli.common import settings_from
-from ingest.config import redact
+from ingest.config import MaintenanceSettings, redact
 from ingest.maintenance import (
     LAYERS,
     Layer,
-    MaintenanceSettings,
     StepResult,
     TablePlan,
     maintenance_settings,
@@ -52,7 +52,11 @@ def _override(config: MaintenanceSettings, layers: tuple[Layer, ...], **changes:
 
 @click.command()
 @click.option(
-    "--layer", type=click.Choice(["bronze", "silver", "all"]), default="all", show_default=True, help="Tables to keep."
+    "--layer",
+    type=click.Choice(["bronze", "silver", "all"]),
+    default="all",
+    show_default=True,
+    help="Which tables to maintain.",
 )
 @click.option("--table", "tables", multiple=True, help="Only this table (name without namespace); repeatable.")
 @click.option("--dry-run", is_flag=True, help="Show the procedure calls and what they would touch; start no Spark.")
@@ -104,17 +108,18 @@ def maintain(
     steps = sum(len(plan.steps) for plan in plans)
     with err.status("starting Spark"):
         spark = spark_session(settings)
-    results = _run_with_progress(err, spark, catalog, plans, steps)
+    results = _run_with_progress(err, spark, catalog, plans, steps, lambda text: redact(text, settings))
     out.print(_summary(results))
     failed = [result for result in results if not result.ok]
     if failed:
         for result in failed:
-            message = redact(result.error or "failed", settings)
-            err.print(Text(f"{result.step.table} {result.step.procedure}: {message}", style="red"))
+            err.print(Text(f"{result.step.table} {result.step.procedure}: {result.error or 'failed'}", style="red"))
         ctx.exit(1)
 
 
-def _run_with_progress(err: Console, spark: Any, catalog: Any, plans: list[TablePlan], steps: int) -> list[StepResult]:
+def _run_with_progress(
+    err: Console, spark: Any, catalog: Any, plans: list[TablePlan], steps: int, clean: Callable[[str], str]
+) -> list[StepResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -126,6 +131,8 @@ def _run_with_progress(err: Console, spark: Any, catalog: Any, plans: list[Table
             progress.update(task, description=f"{step.table}: {step.procedure}")
 
         def done(result: StepResult) -> None:
+            if result.error is not None:
+                result.error = clean(result.error)  # Spark's messages may quote connection settings
             mark = Text("✓ ", style="green") if result.ok else Text("✗ ", style="red")
             progress.console.print(
                 mark + Text(f"{result.step.table} {result.step.procedure} ({result.seconds:.1f}s) {_brief(result)}")

@@ -58,7 +58,7 @@ def status(
             _render(console, result, problems, stale_after)
         click.echo(redact(capture.get(), settings), nl=False)
         if problems:
-            err = Console(stderr=True)
+            err = Console(stderr=True, soft_wrap=True)
             with err.capture() as capture:
                 err.print(f"[bold red]stale[/] (--stale-after {stale_after:g}s):")
                 for problem in problems:

@@ -5,6 +5,7 @@ Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``paylo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -83,6 +84,8 @@ class FileSource:
                 if len(batch) >= max_records:
                     return batch
         self._done = True
+        if not batch:
+            time.sleep(timeout_s)  # drained: wait like a consumer would, instead of spinning a core
         return batch
 
     def caught_up(self) -> bool:

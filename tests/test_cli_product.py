@@ -1,0 +1,658 @@
+"""`cdclake sql`, `cdclake status` and `cdclake maintain`: output formats, freshness, and upkeep that keeps offsets."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner, Result
+
+from ingest.broker import Record, TansuBroker
+from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, decode_offsets
+from ingest.cli import cli
+from ingest.cli.sql_cmd import CONTINUATION, PROMPT, all_statements, jsonable, repl, split_statements, text_value
+from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
+from ingest.lakehouse import load_catalog
+from ingest.maintenance import (
+    plan_maintenance,
+    spark_error_line,
+    timestamp_literal,
+)
+from ingest.pipeline import Pipeline
+from ingest.sources.file import FileSource
+from ingest.status import (
+    APPLIED_SNAPSHOT_PROPERTY,
+    PartitionStatus,
+    apply_watermarks,
+    collect_status,
+    stale_problems,
+)
+from tests.conftest import FIXTURES, make_settings
+from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
+from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session SparkSession
+
+PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+CUSTOMERS = "dbserver1_inventory_customers"
+CUSTOMERS_TOPIC = "dbserver1.inventory.customers"
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------------
+def ingest_file(settings: Settings, path: Path, **overrides: Any) -> Pipeline:
+    """What `cdclake ingest --once` does with a file source, in process (namespace from the settings)."""
+    ingest = settings.ingest.model_copy(update=overrides)
+    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
+    pipeline = Pipeline(ingest, tables, FileSource(path))
+    pipeline.run(once=True)
+    return pipeline
+
+
+def topic_counts(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in path.read_bytes().splitlines():
+        topic = orjson.loads(line)["topic"]
+        counts[topic] = counts.get(topic, 0) + 1
+    return counts
+
+
+def extended_dump(path: Path, extra: int) -> Path:
+    """The Postgres dump plus ``extra`` more customer changes at the next offsets (a stream that moved on)."""
+    lines = PG_DUMP.read_bytes().splitlines()
+    last = max(
+        (orjson.loads(line) for line in lines if orjson.loads(line)["topic"] == CUSTOMERS_TOPIC),
+        key=lambda item: item["offset"],
+    )
+    more = [orjson.dumps({**last, "offset": last["offset"] + 1 + i}) for i in range(extra)]
+    path.write_bytes(b"\n".join([*lines, *more]) + b"\n")
+    return path
+
+
+def invoke(args: list[str], input: str | None = None) -> Result:
+    """Run the CLI in process; the group reconfigures logging onto CliRunner's streams, so restore it after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        return CliRunner().invoke(cli, args, input=input, catch_exceptions=False)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def scan_rows(settings: Settings, identifier: str) -> int:
+    return int(load_catalog(settings).load_table(identifier).scan().to_arrow().num_rows)
+
+
+def bronze_offsets(settings: Settings) -> dict[str, Any]:
+    catalog = load_catalog(settings)
+    namespace = settings.lakehouse.bronze_namespace
+    return {
+        name: decode_offsets(catalog.load_table(f"{namespace}.{name}").properties.get(OFFSETS_PROPERTY))
+        for name in BronzeTables(catalog, namespace).list_tables()
+    }
+
+
+def make_silver(settings: Settings, name: str, applied_snapshot: int, applied_at: dt.datetime) -> None:
+    """A silver table as the cdc_silver materialization leaves it (metadata columns + applied bronze snapshot)."""
+    catalog = load_catalog(settings)
+    namespace = settings.lakehouse.silver_namespace
+    catalog.create_namespace_if_not_exists(namespace)
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64()),
+            pa.field("_cdc_order", pa.list_(pa.int64())),
+            pa.field("_cdc_op", pa.string()),
+            pa.field("_cdc_offset", pa.int64()),
+            pa.field("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
+            pa.field("_cdc_applied_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+    table = catalog.create_table(f"{namespace}.{name}", schema=schema)
+    table.append(
+        pa.Table.from_pylist(
+            [
+                {
+                    "id": 1,
+                    "_cdc_order": [1],
+                    "_cdc_op": "c",
+                    "_cdc_offset": 0,
+                    "_cdc_source_ts": applied_at,
+                    "_cdc_applied_at": applied_at - dt.timedelta(minutes=5),
+                },
+                {
+                    "id": 2,
+                    "_cdc_order": [2],
+                    "_cdc_op": "u",
+                    "_cdc_offset": 1,
+                    "_cdc_source_ts": applied_at,
+                    "_cdc_applied_at": applied_at,
+                },
+            ],
+            schema=schema,
+        )
+    )
+    with table.transaction() as transaction:
+        transaction.set_properties({APPLIED_SNAPSHOT_PROPERTY: str(applied_snapshot)})
+
+
+# -- sql: statements and values (no Spark) ----------------------------------------------------------------------------
+def test_statements_split_on_semicolons_outside_quotes_and_comments() -> None:
+    text = "select ';' as a, \"x;y\" as `b;c`; -- not; here\nselect 2 /* ; */;\n  select 3"
+    statements, rest = split_statements(text)
+    assert statements == ["select ';' as a, \"x;y\" as `b;c`", "-- not; here\nselect 2 /* ; */"]
+    assert rest.strip() == "select 3"
+    assert split_statements("select 'it\\'s;' ;")[0] == ["select 'it\\'s;'"]
+    assert split_statements(";;  -- only a comment;\n")[0] == []
+    assert split_statements("  -- only a comment\n") == ([], "")
+    assert all_statements("select 1; select 2") == ["select 1", "select 2"]
+
+
+def test_values_render_for_scripts() -> None:
+    from decimal import Decimal
+
+    from pyspark.sql import Row
+
+    value = Row(a=1, b=[Decimal("1.50"), None], c={"k": b"\x01\x02"}, d=dt.datetime(2024, 1, 2, 3, 4, 5))
+    assert jsonable(value) == {"a": 1, "b": ["1.50", None], "c": {"k": "AQI="}, "d": "2024-01-02T03:04:05"}
+    assert text_value(value) == '{"a":1,"b":["1.50",null],"c":{"k":"AQI="},"d":"2024-01-02T03:04:05"}'
+    assert text_value(None) == ""
+    assert text_value(True) == "true"
+    assert text_value(dt.datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02 03:04:05"
+
+
+def test_prompt_runs_statements_as_they_end_and_survives_errors() -> None:
+    lines = iter(["select 1;", "select", "  2; select 3", ";", "bad;", "exit", "select 99;"])
+    prompts: list[str] = []
+    ran: list[str] = []
+    errors: list[str] = []
+
+    def read(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(lines)
+
+    def run(statement: str) -> None:
+        if statement == "bad":
+            raise RuntimeError("boom")
+        ran.append(statement)
+
+    repl(run, read, lambda exc: errors.append(str(exc)), lambda _text: None)
+    assert ran == ["select 1", "select\n  2", "select 3"]
+    assert errors == ["boom"]
+    assert prompts == [PROMPT, PROMPT, CONTINUATION, CONTINUATION, PROMPT, PROMPT]  # stopped at exit
+
+
+def test_prompt_quits_on_ctrl_d_and_ctrl_c_discards_the_statement() -> None:
+    events: list[Any] = ["select", KeyboardInterrupt(), "select 1;", EOFError()]
+    ran: list[str] = []
+
+    def read(_prompt: str) -> str:
+        event = events.pop(0)
+        if isinstance(event, BaseException):
+            raise event
+        return str(event)
+
+    out: list[str] = []
+    repl(ran.append, read, lambda exc: None, out.append)
+    assert ran == ["select 1"]
+    assert out == ["^C\n", "\n"]
+
+
+# -- status (no Spark) ---------------------------------------------------------------------------------------------
+@pytest.fixture
+def landed(lakehouse: Path) -> Settings:
+    settings = make_settings(lakehouse)
+    first = ingest_file(settings, PG_DUMP, max_records=7)  # several bronze commits per table
+    assert first.stats.flushes > 1
+    return settings
+
+
+def test_status_json_reports_rows_offsets_dead_letters_and_silver(landed: Settings) -> None:
+    settings = landed
+    catalog = load_catalog(settings)
+    bronze = catalog.load_table(f"bronze.{CUSTOMERS}")
+    snapshots = sorted(bronze.snapshots(), key=lambda s: s.timestamp_ms)
+    assert len(snapshots) >= 3
+    # One silver table up to date, one that applied only the second bronze commit.
+    make_silver(settings, CUSTOMERS, snapshots[1].snapshot_id, dt.datetime(2024, 5, 6, 7, 8, 9, tzinfo=dt.UTC))
+    transactions = catalog.load_table("bronze.dbserver1_transaction")
+    assert transactions.current_snapshot() is not None
+    make_silver(
+        settings,
+        "dbserver1_transaction",
+        transactions.current_snapshot().snapshot_id,
+        dt.datetime.now(dt.UTC),
+    )
+
+    result = invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "status", "--json"])
+    assert result.exit_code == 0, result.output
+    document = orjson.loads(result.stdout)
+    tables = {t["name"]: t for t in document["tables"]}
+    counts = topic_counts(PG_DUMP)
+    assert set(tables) == {CUSTOMERS, "dbserver1_inventory_typed_values", "dbserver1_transaction"}
+    assert DEAD_LETTER_TABLE not in tables
+
+    customers = tables[CUSTOMERS]
+    assert customers["rows"] == counts[CUSTOMERS_TOPIC]
+    assert customers["offsets"] == [
+        {
+            "topic": CUSTOMERS_TOPIC,
+            "partition": 0,
+            "next_offset": counts[CUSTOMERS_TOPIC],
+            "high_watermark": None,
+            "lag": None,
+            "lag_error": None,
+        }
+    ]
+    assert customers["last_commit_from"] == "snapshot"
+    last = dt.datetime.fromisoformat(customers["last_commit"].replace("Z", "+00:00"))
+    assert last == dt.datetime.fromtimestamp(snapshots[-1].timestamp_ms / 1000, tz=dt.UTC)
+    assert customers["dead_letters"] == {}
+    silver = customers["silver"]
+    assert silver["table"] == f"silver.{CUSTOMERS}"
+    assert silver["applied_bronze_snapshot_id"] == snapshots[1].snapshot_id
+    assert silver["behind"] is True
+    since = dt.datetime.fromisoformat(silver["behind_since"].replace("Z", "+00:00"))
+    assert since == dt.datetime.fromtimestamp(snapshots[2].timestamp_ms / 1000, tz=dt.UTC)
+    assert silver["applied_at_max"] == "2024-05-06T07:08:09Z"
+
+    assert tables["dbserver1_transaction"]["silver"]["behind"] is False
+    assert tables["dbserver1_inventory_typed_values"]["silver"] is None
+    # The two recorded rows with an oversized numeric are dead letters of their topic.
+    assert tables["dbserver1_inventory_typed_values"]["dead_letters"] == {"dbserver1.inventory.typed_values": 2}
+    assert document["source"] is None
+    assert document["lag_checked"] is False
+    assert document["stale"] is False
+    assert document["problems"] == []
+
+    # Only the named tables (the dead-letter scan is filtered to them).
+    only = orjson.loads(
+        invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "status", "--json", CUSTOMERS]).stdout
+    )
+    assert [t["name"] for t in only["tables"]] == [CUSTOMERS]
+
+
+def test_status_exits_3_when_bronze_is_stale_or_silver_behind_too_long(landed: Settings) -> None:
+    settings = landed
+    config = str(Path(settings.base_dir) / "cdclake.yml")
+    fresh = invoke(["--config", config, "status"])
+    assert fresh.exit_code == 0, fresh.output
+    assert CUSTOMERS in fresh.stdout
+    assert "fresh" in fresh.stdout
+
+    time.sleep(0.05)
+    stale = invoke(["--config", config, "status", "--stale-after", "0"])
+    assert stale.exit_code == 3
+    assert f"bronze.{CUSTOMERS}: last commit" in stale.stderr
+    assert "older than 0s" in stale.stderr
+    as_json = invoke(["--config", config, "status", "--json", "--stale-after", "0"])
+    assert as_json.exit_code == 3
+    assert orjson.loads(as_json.stdout)["stale"] is True
+
+    # Silver: behind since bronze's third commit. Fresh bronze, silver behind for longer than allowed -> stale.
+    catalog = load_catalog(settings)
+    snapshots = sorted(catalog.load_table(f"bronze.{CUSTOMERS}").snapshots(), key=lambda s: s.timestamp_ms)
+    make_silver(settings, CUSTOMERS, snapshots[1].snapshot_id, dt.datetime.now(dt.UTC))
+    status = collect_status(settings)
+    behind_since = dt.datetime.fromtimestamp(snapshots[2].timestamp_ms / 1000, tz=dt.UTC)
+    last_commit = dt.datetime.fromtimestamp(snapshots[-1].timestamp_ms / 1000, tz=dt.UTC)
+    window = (last_commit - behind_since).total_seconds()
+    assert window > 0
+    assert stale_problems(status, 3600, now=last_commit + dt.timedelta(seconds=1)) == []
+    # (other tables' last commits may lie further back than window / 2: only look at customers)
+    problems = [p for p in stale_problems(status, window / 2, now=last_commit) if CUSTOMERS in p]
+    assert problems == [
+        f"silver.{CUSTOMERS}: behind bronze.{CUSTOMERS} for {int(window)}s, longer than {window / 2:g}s"
+    ]
+
+
+def test_lag_is_na_when_the_broker_cannot_say() -> None:
+    parts = [
+        PartitionStatus("t", 0, 10),
+        PartitionStatus("t", 1, 10),
+        PartitionStatus("t", 2, 10),
+        PartitionStatus("t", 3, 10),
+    ]
+    apply_watermarks(parts, {("t", 0): 15, ("t", 1): 4, ("t", 2): RuntimeError("unreachable")})
+    assert (parts[0].lag, parts[0].lag_error) == (5, None)
+    assert parts[1].lag is None
+    assert "below the committed offset 10" in (parts[1].lag_error or "")
+    assert parts[2].lag is None
+    assert parts[2].lag_error == "unreachable"
+    assert parts[3].lag is None
+    assert parts[3].lag_error == "not asked"
+
+
+def test_status_with_an_unreachable_broker_shows_na_and_no_secrets(
+    lakehouse: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "pw-Do-Not-Print-42"
+    source = {
+        "type": "kafka",
+        "bootstrap_servers": "127.0.0.1:9",  # discard port: nothing listens
+        "topics": [CUSTOMERS_TOPIC],
+        "consumer": {
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "me",
+            "sasl.password": secret,
+        },
+    }
+    settings = make_settings(lakehouse, source=source)
+    ingest_file(settings, PG_DUMP)
+    config = str(lakehouse / "cdclake.yml")
+
+    result = invoke(["--config", config, "status", "--json", "--lag-timeout", "1"])
+    assert result.exit_code == 0, result.output
+    document = orjson.loads(result.stdout)
+    assert document["lag_checked"] is True
+    offsets = next(t for t in document["tables"] if t["name"] == CUSTOMERS)["offsets"]
+    assert offsets[0]["lag"] is None
+    assert offsets[0]["lag_error"]
+    assert secret not in result.output
+
+    # Whatever the client reports, a configured secret never reaches the output.
+    def leaky(_source: Any, _timeout: float) -> Any:
+        return lambda partitions: dict.fromkeys(partitions, RuntimeError(f"SASL auth failed with password {secret}"))
+
+    monkeypatch.setattr("ingest.status.kafka_watermarks", leaky)
+    for args in (["status"], ["status", "--json"]):
+        shown = invoke(["--config", config, *args])
+        assert shown.exit_code == 0
+        assert "SASL auth failed with password ***" in shown.stdout
+        assert secret not in shown.output
+
+
+@pytest.mark.kafka
+def test_status_lag_against_a_real_broker(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    prefix = unique("lag") + "."
+    topic = prefix + CUSTOMERS_TOPIC
+    lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines()]
+    records = [
+        Record(
+            topic,
+            None if r["key"] is None else r["key"].encode(),
+            None if r["payload"] is None else r["payload"].encode(),
+            partition=0,
+        )
+        for r in lines
+        if r["topic"] == CUSTOMERS_TOPIC
+    ]
+    publish(broker, records, partitions=1)
+    settings = make_settings(
+        lakehouse,
+        source={
+            "type": "kafka",
+            "bootstrap_servers": broker.bootstrap_servers,
+            "topics": [topic],
+            "group_id": unique("lag-"),
+            "consumer": {"session.timeout.ms": "2000", "heartbeat.interval.ms": "500"},
+        },
+    )
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    build_pipeline(settings).run(once=True)
+    name = topic.replace(".", "_")
+    # Three more changes, one batch each (Tansu's "latest" is exact only at batch boundaries).
+    for record in records[-3:]:
+        broker.produce([record])
+    status = collect_status(settings, lag_timeout_s=5)
+    table = next(t for t in status.tables if t.name == name)
+    assert [(p.next_offset, p.lag) for p in table.partitions] == [(len(records), 3)]
+
+
+# -- maintenance: planning (no Spark) --------------------------------------------------------------------------------
+def test_maintenance_plan_keeps_silver_position_and_validates_settings(landed: Settings) -> None:
+    from pydantic import ValidationError
+
+    settings = landed
+    catalog = load_catalog(settings)
+    snapshots = sorted(catalog.load_table(f"bronze.{CUSTOMERS}").snapshots(), key=lambda s: s.timestamp_ms)
+    make_silver(settings, CUSTOMERS, snapshots[1].snapshot_id, dt.datetime.now(dt.UTC))
+    now = dt.datetime.now(dt.UTC)
+    config = MaintenanceSettings(bronze=LayerMaintenance(expire_older_than_hours=0, retain_last=1))
+    plans = {p.table: p for p in plan_maintenance(catalog, settings, config, ["bronze", "silver"], now=now)}
+    assert set(plans) == {
+        f"bronze.{name}"
+        for name in (CUSTOMERS, "dbserver1_inventory_typed_values", "dbserver1_transaction", DEAD_LETTER_TABLE)
+    } | {f"silver.{CUSTOMERS}"}
+    customers = plans[f"bronze.{CUSTOMERS}"]
+    assert [s.procedure for s in customers.steps] == [
+        "rewrite_data_files",
+        "rewrite_manifests",
+        "expire_snapshots",
+        "remove_orphan_files",
+    ]
+    expire = customers.steps[2]
+    applied_at = dt.datetime.fromtimestamp(snapshots[1].timestamp_ms / 1000, tz=dt.UTC)
+    assert f"older_than => {timestamp_literal(applied_at)}" in expire.sql
+    assert expire.note
+    assert f"silver.{CUSTOMERS}" in expire.note
+    assert customers.expirable_snapshots == 1  # only the first; the applied one and newer stay
+    transactions = plans["bronze.dbserver1_transaction"]
+    assert transactions.expirable_snapshots == transactions.snapshots - 1
+    assert f"older_than => {timestamp_literal(now)}, retain_last => 1" in transactions.steps[2].sql
+    silver = plans[f"silver.{CUSTOMERS}"]
+    assert [s.procedure for s in silver.steps] == [
+        "rewrite_data_files",
+        "rewrite_position_delete_files",
+        "rewrite_manifests",
+        "expire_snapshots",
+        "remove_orphan_files",
+    ]
+    assert "'delete-file-threshold', '1'" in silver.steps[0].sql
+    assert "'min-input-files', '2'" in silver.steps[0].sql
+    assert timestamp_literal(dt.datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)) == (
+        "TIMESTAMP '2024-01-02 03:04:05.678+00:00'"
+    )
+    with pytest.raises(ValidationError, match="greater than or equal to 24"):
+        LayerMaintenance(orphan_older_than_hours=1)
+
+    dry = invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "maintain", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "CALL lake.system.expire_snapshots(table => 'bronze._cdc_dead_letters'" in dry.stdout
+    assert "rewrite_position_delete_files(table => 'silver." in dry.stdout
+
+
+# -- Spark: sql ------------------------------------------------------------------------------------------------------
+TYPES_QUERY = (
+    "SELECT 1 AS n, 'a,b' AS s, CAST(NULL AS INT) AS z, array(1, 2) AS arr, named_struct('x', 1, 'y', 'q') AS st, "
+    "CAST(1.50 AS DECIMAL(10,2)) AS d, TIMESTAMP '2024-01-02 03:04:05' AS ts"
+)
+
+
+@pytest.fixture(scope="module")
+def sql_lake(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Settings]:  # noqa: F811
+    path, settings = spark_lakehouse.config(
+        tmp_path_factory.mktemp("sql"), lakehouse={"bronze_namespace": "sqlcli_bronze"}
+    )
+    ingest_file(settings, PG_DUMP)
+    return path, settings
+
+
+@pytest.mark.spark
+def test_sql_formats(sql_lake: tuple[Path, Settings]) -> None:
+    config, _settings = sql_lake
+    base = ["--config", str(config), "sql"]
+
+    as_csv = invoke([*base, "--format", "csv", TYPES_QUERY])
+    assert as_csv.exit_code == 0, as_csv.output
+    assert list(csv.reader(io.StringIO(as_csv.stdout))) == [
+        ["n", "s", "z", "arr", "st", "d", "ts"],
+        ["1", "a,b", "", "[1,2]", '{"x":1,"y":"q"}', "1.50", "2024-01-02 03:04:05"],
+    ]
+    as_json = invoke([*base, "--format", "json", TYPES_QUERY + ";"])
+    assert as_json.exit_code == 0, as_json.output
+    assert orjson.loads(as_json.stdout) == [
+        {
+            "n": 1,
+            "s": "a,b",
+            "z": None,
+            "arr": [1, 2],
+            "st": {"x": 1, "y": "q"},
+            "d": "1.50",
+            "ts": "2024-01-02T03:04:05",
+        }
+    ]
+
+    query = f"SELECT _cdc_offset, op FROM sqlcli_bronze.{CUSTOMERS} ORDER BY _cdc_offset"
+    total = topic_counts(PG_DUMP)[CUSTOMERS_TOPIC]
+    lines = invoke([*base, "--format", "jsonl", query])
+    assert [orjson.loads(line)["_cdc_offset"] for line in lines.stdout.splitlines()] == list(range(total))
+    table = invoke([*base, query + " LIMIT 3"])
+    assert table.exit_code == 0, table.output
+    assert "_cdc_offset" in table.stdout
+    assert "op" in table.stdout
+    assert "3 rows" in table.stdout
+    truncated = invoke([*base, "--max-rows", "2", query])
+    assert "2 rows" in truncated.stdout
+    assert "showing the first 2" in truncated.stdout
+    empty = invoke([*base, "--format", "json", query + " LIMIT 0"])
+    assert orjson.loads(empty.stdout) == []
+
+
+@pytest.mark.spark
+def test_sql_errors_are_one_line_and_exit_1(sql_lake: tuple[Path, Settings]) -> None:
+    config, _settings = sql_lake
+    missing = invoke(["--config", str(config), "sql", "SELECT * FROM sqlcli_bronze.nope"])
+    assert missing.exit_code == 1
+    assert missing.stdout == ""
+    assert missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith("error: [TABLE_OR_VIEW_NOT_FOUND]")
+    assert "(line 1, pos 14)" in missing.stderr
+    assert "UnresolvedRelation" not in missing.stderr
+
+    syntax = invoke(["--config", str(config), "sql", "--format", "csv", "SELEC 1"])
+    assert syntax.exit_code == 1
+    assert syntax.stderr == "error: [PARSE_SYNTAX_ERROR] Syntax error at or near 'SELEC'.(line 1, pos 0)\n"
+
+
+@pytest.mark.spark
+def test_sql_reads_a_script_from_stdin(sql_lake: tuple[Path, Settings]) -> None:
+    config, _settings = sql_lake
+    script = "CREATE OR REPLACE TEMPORARY VIEW v AS SELECT 41 AS a; -- a view\nSELECT a + 1 AS b FROM v"
+    result = invoke(["--config", str(config), "sql", "--format", "json"], input=script)
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout) == [{"b": 42}]
+    failing = invoke(["--config", str(config), "sql"], input="SELECT 1;\nSELECT * FROM nope;\nSELECT 3;")
+    assert failing.exit_code == 1
+    assert "TABLE_OR_VIEW_NOT_FOUND" in failing.stderr
+    assert failing.stdout.count("1 row") == 1
+
+
+def test_spark_error_line_of_a_plain_exception() -> None:
+    assert spark_error_line(RuntimeError("first\nsecond")) == "first"
+    assert spark_error_line(RuntimeError("")) == "RuntimeError"
+
+
+# -- Spark: maintain ---------------------------------------------------------------------------------------------------
+def _snapshot_ids(settings: Settings, identifier: str) -> list[int]:
+    table = load_catalog(settings).load_table(identifier)
+    return [s.snapshot_id for s in sorted(table.snapshots(), key=lambda s: s.timestamp_ms)]
+
+
+def _files(settings: Settings, identifier: str) -> tuple[int, int]:
+    table = load_catalog(settings).load_table(identifier)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    return int(snapshot.summary["total-data-files"] or 0), int(snapshot.summary["total-delete-files"] or 0)
+
+
+@pytest.mark.spark
+def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:  # noqa: F811
+    config, settings = spark_lakehouse.config(
+        tmp_path / "maintain", lakehouse={"bronze_namespace": "mt_bronze", "silver_namespace": "mt_silver"}
+    )
+    first = ingest_file(settings, PG_DUMP, max_records=5)  # many small commits, many small files
+    assert first.stats.flushes > 3
+    catalog = load_catalog(settings)
+    names = BronzeTables(catalog, "mt_bronze").list_tables()
+    offsets_before = bronze_offsets(settings)
+    rows_before = {name: scan_rows(settings, f"mt_bronze.{name}") for name in names}
+    files_before = {name: _files(settings, f"mt_bronze.{name}")[0] for name in names}
+    assert files_before[CUSTOMERS] > 2
+    customers_snapshots = _snapshot_ids(settings, f"mt_bronze.{CUSTOMERS}")
+    applied = customers_snapshots[1]
+    make_silver(settings, CUSTOMERS, applied, dt.datetime.now(dt.UTC))  # silver read bronze up to its 2nd commit
+    # A file no snapshot references, written four days ago (a crashed writer's leftover).
+    data_dir = Path(catalog.load_table(f"mt_bronze.{CUSTOMERS}").location().removeprefix("file://")) / "data"
+    orphan = data_dir / "leftover-from-a-crash.parquet"
+    orphan.write_bytes(b"not referenced")
+    four_days_ago = time.time() - 4 * 86400
+    os.utime(orphan, (four_days_ago, four_days_ago))
+
+    time.sleep(0.01)
+    result = invoke(
+        ["--config", str(config), "maintain", "--layer", "bronze", "--retain-last", "1", "--expire-older-than", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "rewrite_data_files" in result.stdout
+    assert "expire_snapshots" in result.stdout
+
+    # (a) the offsets are still in the table property, and a restart resumes after them: nothing is re-ingested.
+    assert bronze_offsets(settings) == offsets_before
+    again = ingest_file(settings, PG_DUMP)
+    assert (again.stats.written, again.stats.dead_letters) == (0, 0)
+    # (b) every row is still there, once.
+    assert {name: scan_rows(settings, f"mt_bronze.{name}") for name in names} == rows_before
+    for name in names:
+        table = catalog.load_table(f"mt_bronze.{name}")
+        assert int(table.current_snapshot().summary["total-records"]) == rows_before[name]
+        # Compacted to one file per day partition.
+        assert _files(settings, f"mt_bronze.{name}")[0] == 1, name
+    # Expired down to one snapshot, except that silver's applied snapshot (and what followed it) is kept.
+    assert len(_snapshot_ids(settings, "mt_bronze.dbserver1_transaction")) == 1
+    kept = _snapshot_ids(settings, f"mt_bronze.{CUSTOMERS}")
+    assert kept[0] == applied
+    assert customers_snapshots[0] not in kept
+    assert not orphan.exists()
+
+    # The stream moves on: exactly the new records land, after the compacted and expired history.
+    moved_on = ingest_file(settings, extended_dump(tmp_path / "more.jsonl", 3))
+    assert moved_on.stats.written == 3
+    assert scan_rows(settings, f"mt_bronze.{CUSTOMERS}") == rows_before[CUSTOMERS] + 3
+    assert bronze_offsets(settings)[CUSTOMERS] == {
+        (CUSTOMERS_TOPIC, 0): offsets_before[CUSTOMERS][(CUSTOMERS_TOPIC, 0)] + 3
+    }
+
+    # status still knows each table's last ingest, from the data once the ingest snapshots are gone.
+    status = {t.name: t for t in collect_status(settings).tables}
+    assert status["dbserver1_transaction"].last_commit_from == "data"
+    assert status["dbserver1_transaction"].last_commit is not None
+    assert status[CUSTOMERS].rows == rows_before[CUSTOMERS] + 3
+
+
+@pytest.mark.spark
+def test_maintain_silver_applies_deletes(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:  # noqa: F811
+    config, settings = spark_lakehouse.config(
+        tmp_path / "maintain_silver", lakehouse={"bronze_namespace": "ms_bronze", "silver_namespace": "ms_silver"}
+    )
+    spark = spark_lakehouse.spark
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS ms_silver")
+    spark.sql(
+        "CREATE TABLE ms_silver.accounts (id BIGINT, v STRING, _cdc_applied_at TIMESTAMP) USING iceberg "
+        "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', "
+        "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read')"
+    )
+    for start in (0, 10, 20):
+        spark.sql(
+            f"INSERT INTO ms_silver.accounts SELECT id, 'v', current_timestamp() FROM range({start}, {start + 10})"
+        )
+    spark.sql("DELETE FROM ms_silver.accounts WHERE id % 3 = 0")
+    _data_files, delete_files = _files(settings, "ms_silver.accounts")
+    assert delete_files > 0
+
+    result = invoke(["--config", str(config), "maintain", "--layer", "silver"])
+    assert result.exit_code == 0, result.output
+    assert "rewrite_position_delete_files" in result.stdout
+    rows = sorted(r.id for r in spark.sql("SELECT id FROM ms_silver.accounts").collect())
+    assert rows == [i for i in range(30) if i % 3]
+    assert _files(settings, "ms_silver.accounts") == (1, 0)  # deletes applied, files compacted

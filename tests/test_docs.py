@@ -1,0 +1,59 @@
+"""docs/configuration.md is generated from the settings model and must not drift from it."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from ingest.config import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gen_config_docs.py"
+DOC = ROOT / "docs" / "configuration.md"
+
+
+@functools.cache
+def generator() -> ModuleType:
+    """scripts/gen_config_docs.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("gen_config_docs", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    expected = generator().render()
+    assert DOC.read_text() == expected, f"{DOC} is out of date: run `.venv/bin/python scripts/gen_config_docs.py`"
+
+
+def test_every_setting_is_documented_with_its_environment_name() -> None:
+    text = DOC.read_text()
+    for section, field in Settings.model_fields.items():
+        if not field.exclude:
+            assert f"## `{section}`" in text
+    settings = list(generator().walk(Settings))
+    assert len(settings) > 30
+    for setting in settings:
+        assert f"| `{'.'.join(setting.path)}` |" in text
+        assert f"`{ENV_PREFIX}{'__'.join(part.upper() for part in setting.path)}`" in text
+
+
+def test_check_mode(tmp_path: Path) -> None:
+    check = [sys.executable, str(SCRIPT), "--check"]
+    assert subprocess.run(check, capture_output=True, text=True).returncode == 0
+    stale = tmp_path / "configuration.md"
+    stale.write_text("# stale\n")
+    run = subprocess.run([*check, "--output", str(stale)], capture_output=True, text=True)
+    assert run.returncode == 1
+    assert "out of date" in run.stderr
+    assert stale.read_text() == "# stale\n"  # --check never writes
+    written = subprocess.run([sys.executable, str(SCRIPT), "--output", str(stale)], capture_output=True, text=True)
+    assert written.returncode == 0, written.stderr
+    assert stale.read_text() == DOC.read_text()
