@@ -116,16 +116,17 @@
 {%- endmacro %}
 
 
-{#- Winners newer than what silver (and the tombstones) hold for their key, shaped as silver rows. -#}
+{#-
+  Winners shaped as silver rows, minus those not newer than their key's tombstone. Whether a winner is newer
+  than the silver row is decided inside the MERGE itself, so silver is scanned once per run.
+-#}
 {% macro applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate) -%}
   select {{ cdclake.silver_select(layout, 'w') }}
   from {{ winners }} w
-  left join {{ target }} t on {{ cdclake.key_match(layout.key_columns, 't', 'w') }}
   {%- if delete_mode == 'hard' %}
   left join {{ tombstones }} b on {{ cdclake.key_match(layout.key_columns, 'b', 'w') }}
   {%- endif %}
   where {{ after_truncate }}
-    and (t._cdc_op is null or {{ cdclake.position('w') }} > {{ cdclake.position('t') }})
   {%- if delete_mode == 'hard' %}
     and (b._cdc_op is null or {{ cdclake.position('w') }} > {{ cdclake.position('b') }})
   {%- endif %}
@@ -138,14 +139,15 @@
   merge into {{ target }} t
   using {{ applicable }} s
   on {{ cdclake.key_match(layout.key_columns, 't', 's') }}
+  {%- set newer = cdclake.position('s') ~ ' > ' ~ cdclake.position('t') %}
   {%- if delete_mode == 'hard' %}
-  when matched and s._cdc_op = 'd' then delete
+  when matched and {{ newer }} and s._cdc_op = 'd' then delete
   {%- else %}
-  when matched and s._cdc_op = 'd' then update set
+  when matched and {{ newer }} and s._cdc_op = 'd' then update set
     t._cdc_deleted = true, t._cdc_deleted_at = current_timestamp(), t._cdc_order = s._cdc_order,
     t._cdc_op = s._cdc_op, t._cdc_offset = s._cdc_offset, t._cdc_source_ts = s._cdc_source_ts, t._cdc_applied_at = s._cdc_applied_at
   {%- endif %}
-  when matched then update set
+  when matched and {{ newer }} then update set
     {%- for column in columns %}
     t.{{ adapter.quote(column) }} = {% if ignore_nulls and column not in layout.key_columns %}coalesce(s.{{ adapter.quote(column) }}, t.{{ adapter.quote(column) }}){% else %}s.{{ adapter.quote(column) }}{% endif %},
     {%- endfor %}
@@ -164,6 +166,10 @@
 {%- endmacro %}
 
 
+{#-
+  Deletes become tombstones; newer upserts retire them. A tombstone older than its key's silver row (a late
+  delete) is harmless: any change that passes the silver row's guard is newer than it too.
+-#}
 {% macro tombstone_merge_sql(layout, applicable, tombstones) -%}
   merge into {{ tombstones }} b
   using {{ applicable }} s

@@ -1,0 +1,194 @@
+"""Bronze from a real Kafka-protocol broker (embedded Tansu): exactly once, resumable, configurable."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer
+
+from ingest.broker import Record, TansuBroker
+from ingest.cli import main as cli_main
+from ingest.errors import ConfigError
+from ingest.fakes import build_stream, continue_stream
+from ingest.sources.file import FileSource
+from tests.conftest import FIXTURES, make_settings
+from tests.kafka_fixtures import (
+    COORDINATES,
+    broker,  # noqa: F401 - the session fixture
+    bronze_coordinates,
+    bronze_rows,
+    kafka_settings,
+    publish,
+    retopic,
+    run_kafka,
+    unique,
+)
+
+pytestmark = pytest.mark.kafka
+PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+PARTITIONS = 3
+
+
+def test_fake_streams_land_exactly_once_and_resume(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    prefix = unique("a") + "."
+    streams = [build_stream(s, seed=1, n_keys=30, n_changes=150, partitions=PARTITIONS) for s in ("db2", "oracle")]
+    records = [r for stream in streams for r in retopic(stream.records, prefix)]
+    topics = sorted({r.topic for r in records})
+    assert len(topics) == 4
+    expected = publish(broker, records, PARTITIONS)
+    assert expected == {(prefix + r.topic, r.partition, r.offset) for stream in streams for r in stream.records}
+    assert len({(t, p) for t, p, _ in expected}) == 4 * PARTITIONS  # every partition holds records
+
+    settings = kafka_settings(lakehouse, broker, topics=topics, max_records=200)  # several flushes
+    first = run_kafka(settings)
+    assert first.stats.flushes > 1
+    assert first.stats.dead_letters == 0
+    assert first.stats.written == len(records)
+    counts = bronze_coordinates(settings)
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}
+
+    # Tombstones are kept: exactly the records without a value are rows without an op.
+    tombstones = {(prefix + r.topic, r.partition, r.offset) for st in streams for r in st.records if r.value is None}
+    assert tombstones
+    data_rows = [row for rows in bronze_rows(settings, [*COORDINATES, "op"]).values() for row in rows if "op" in row]
+    without_op = {(r["_cdc_topic"], r["_cdc_partition"], r["_cdc_offset"]) for r in data_rows if r["op"] is None}
+    assert without_op == tombstones
+
+    # A restart finds everything in bronze.
+    again = run_kafka(settings)
+    assert again.stats.written == 0
+    assert bronze_coordinates(settings) == counts
+
+    # New changes: only they are written.
+    more = [continue_stream(stream, 60) for stream in streams]
+    new_records = [r for stream in more for r in retopic(stream.new_records, prefix)]
+    new = publish(broker, new_records, PARTITIONS)
+    assert new == {(prefix + r.topic, r.partition, r.offset) for stream in more for r in stream.new_records}
+    third = run_kafka(settings)
+    assert third.stats.written == len(new_records)
+    counts = bronze_coordinates(settings)
+    assert set(counts) == expected | new
+    assert set(counts.values()) == {1}
+
+
+def test_topic_pattern_follows_matching_topics(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    prefix = unique("c")
+    stream = build_stream("informix", seed=2, n_keys=10, n_changes=30, partitions=2)
+    changes = [r for r in stream.records if r.topic == stream.data_topic]
+    wanted = [Record(f"{prefix}.orders", r.key, r.value, r.partition) for r in changes]
+    also = [Record(f"{prefix}.customers", r.key, r.value, r.partition) for r in changes[:25]]
+    other = [Record(f"{prefix}x.orders", r.key, r.value, r.partition) for r in changes[:5]]
+    expected = publish(broker, wanted + also, 2)
+    publish(broker, other, 2)
+
+    settings = kafka_settings(lakehouse, broker, topic_pattern=rf"{re.escape(prefix)}\.(orders|customers)")
+    pipeline = run_kafka(settings)
+    assert pipeline.stats.written == len(wanted) + len(also)
+    counts = bronze_coordinates(settings)
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}
+    assert {t for t, _, _ in counts} == {f"{prefix}.orders", f"{prefix}.customers"}
+
+
+def test_consumer_settings_pass_through(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    topic = unique("d") + ".t"
+    stream = build_stream("db2", seed=3, n_keys=5, n_changes=5)
+    changes = [r for r in stream.records if r.topic == stream.data_topic]
+    publish(broker, [Record(topic, r.key, r.value, r.partition) for r in changes], 1)
+    seen: list[dict[str, Any]] = []
+    real_consumer = Consumer
+
+    def recording_consumer(config: dict[str, Any], **kwargs: Any) -> Any:
+        seen.append(dict(config))
+        return real_consumer(config, **kwargs)
+
+    monkeypatch.setattr("ingest.sources.kafka.Consumer", recording_consumer)
+    client_id = unique("cdclake-client-")
+    consumer = {"client.id": client_id, "fetch.wait.max.ms": "50", "session.timeout.ms": "2001"}
+    settings = kafka_settings(lakehouse, broker, topics=[topic], consumer=consumer)
+    assert run_kafka(settings).stats.written == len(changes)
+    assert len(seen) == 1
+    # Unchanged, and the user's value wins over cdclake's default.
+    assert {key: seen[0][key] for key in consumer} == consumer
+    assert seen[0]["bootstrap.servers"] == broker.bootstrap_servers
+
+    # A setting librdkafka does not know, or a value it rejects: a configuration error naming the key.
+    bad = kafka_settings(lakehouse / "bad", broker, topics=[topic], consumer={"no.such.setting": "1"})
+    with pytest.raises(ConfigError, match=r"source\.consumer: .*No such configuration property: \"no\.such\.setting\""):
+        run_kafka(bad)
+    bad = kafka_settings(lakehouse / "bad", broker, topics=[topic], consumer={"auto.offset.reset": "sideways"})
+    with pytest.raises(ConfigError, match=r"source\.consumer: .*\"sideways\".*auto\.offset\.reset"):
+        run_kafka(bad)
+    # ... which the command line reports as one line, not a traceback.
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # `cdclake` configures logging globally
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(
+        sys, "argv", ["cdclake", "--config", str(lakehouse / "bad" / "cdclake.yml"), "ingest", "--once"]
+    )
+    with pytest.raises(SystemExit) as exited:
+        cli_main()
+    assert exited.value.code == 2
+    assert re.search(r"error: source\.consumer: .*auto\.offset\.reset", capsys.readouterr().err)
+
+
+def test_real_postgres_stream_matches_the_file_source(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    tmp_path: Path,
+) -> None:
+    prefix = unique("e") + "."
+    lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]
+    for item in lines:
+        item["topic"] = prefix + item["topic"]
+    dump = tmp_path / "renamed.jsonl"
+    dump.write_bytes(b"".join(orjson.dumps(item) + b"\n" for item in lines))
+
+    records = [
+        Record(
+            item["topic"],
+            None if item["key"] is None else item["key"].encode(),
+            None if item["payload"] is None else item["payload"].encode(),
+            partition=item["partition"],
+            timestamp_ms=item["ts"],
+        )
+        for item in lines
+    ]
+    delivered = publish(broker, records, 1)
+    assert delivered == {(item["topic"], item["partition"], item["offset"]) for item in lines}
+
+    via_kafka = kafka_settings(lakehouse / "kafka", broker, topics=sorted({r.topic for r in records}), max_records=7)
+    run_kafka(via_kafka)
+
+    from ingest.bronze.tables import BronzeTables
+    from ingest.lakehouse import load_catalog
+    from ingest.pipeline import Pipeline
+
+    via_file = make_settings(lakehouse / "file")
+    Pipeline(via_file.ingest, BronzeTables(load_catalog(via_file), "bronze"), FileSource(dump)).run(once=True)
+
+    def contents(settings: Any) -> dict[str, list[dict[str, Any]]]:
+        tables = bronze_rows(settings)
+        for rows in tables.values():
+            for row in rows:
+                row.pop("_cdc_ingested_at")
+            rows.sort(key=lambda r: (r["_cdc_topic"], r["_cdc_partition"], r["_cdc_offset"]))
+        return tables
+
+    kafka_tables, file_tables = contents(via_kafka), contents(via_file)
+    assert sorted(kafka_tables) == sorted(file_tables)
+    assert "_cdc_dead_letters" in kafka_tables  # the oversized numeric, as with the file source
+    for name in file_tables:
+        assert kafka_tables[name] == file_tables[name], name
