@@ -192,3 +192,48 @@ def test_real_postgres_stream_matches_the_file_source(
     assert "_cdc_dead_letters" in kafka_tables  # the oversized numeric, as with the file source
     for name in file_tables:
         assert kafka_tables[name] == file_tables[name], name
+
+
+def test_cooperative_rebalancing_is_supported(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    prefix = unique("coop")
+    stream = build_stream("oracle", seed=5, n_keys=8, n_changes=20, partitions=PARTITIONS)
+    expected = publish(broker, retopic(stream.records, prefix), PARTITIONS)
+    settings = kafka_settings(
+        lakehouse,
+        broker,
+        topics=sorted({t for t, _, _ in expected}),
+        consumer={"partition.assignment.strategy": "cooperative-sticky"},
+    )
+    run_kafka(settings)
+    counts = bronze_coordinates(settings)
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}
+
+
+def test_a_topic_created_after_start_is_waited_for(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    """Debezium creates topics lazily: the service must not die because its topic does not exist yet."""
+    import threading
+    import time
+
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    prefix = unique("late")
+    stream = build_stream("db2", seed=6, n_keys=5, n_changes=10, partitions=1)
+    records = [r for r in retopic(stream.records, prefix) if r.topic.endswith("CUSTOMERS")]
+    topic = records[0].topic
+    settings = kafka_settings(lakehouse, broker, topics=[topic], latency_threshold_s=1.0)
+    pipeline = build_pipeline(settings)
+    runner = threading.Thread(target=pipeline.run, daemon=True)
+    runner.start()
+    try:
+        time.sleep(2.0)
+        assert runner.is_alive(), "the ingester died because its topic did not exist yet"
+        expected = publish(broker, records, 1)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and pipeline.stats.written < len(expected):
+            time.sleep(0.5)
+    finally:
+        pipeline.stop_requested.set()
+        runner.join(30)
+    assert not runner.is_alive(), "the ingester did not stop"
+    assert set(bronze_coordinates(settings)) == expected

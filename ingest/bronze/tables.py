@@ -23,6 +23,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from ingest.bronze.columnar import conform_table, drop_committed
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
 from ingest.errors import CommitError, DecodeError
@@ -33,6 +34,8 @@ OFFSETS_PROPERTY = "cdclake.offsets"
 LAYOUT_PROPERTY = "cdclake.layout"
 KIND_PROPERTY = "cdclake.kind"
 COMMIT_ID_PROPERTY = "cdclake.commit-id"
+# Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
+PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
     "format-version": "2",
     "write.parquet.compression-codec": "zstd",
@@ -83,6 +86,8 @@ class TableBatch:
     kind: str
     schemas: list[pa.Schema] = field(default_factory=list)
     rows: list[dict[str, object]] = field(default_factory=list)
+    # Rows the fast path built as Arrow tables (see ingest.bronze.columnar), in addition to ``rows``.
+    tables: list[pa.Table] = field(default_factory=list)
     offsets: Offsets = field(default_factory=dict)
 
 
@@ -116,17 +121,20 @@ class BronzeTables:
     def _create(self, batch: TableBatch, schema: pa.Schema) -> Table:
         properties = {**TABLE_PROPERTIES, LAYOUT_PROPERTY: batch.layout.value, KIND_PROPERTY: batch.kind}
         try:
-            table = self.catalog.create_table(self.identifier(batch.name), schema=schema, properties=properties)
+            # Schema, properties and partition spec in one commit: a crash cannot leave an unpartitioned table.
+            transaction = self.catalog.create_table_transaction(
+                self.identifier(batch.name), schema=schema, properties=properties
+            )
+            # Partition by ingest day so time-bounded scans (and silver's incremental reads) prune.
+            with transaction.update_spec() as spec:
+                spec.add_field(PARTITION_SOURCE_COLUMN, DayTransform(), "_cdc_ingested_day")
+            return transaction.commit_transaction()
         except Exception:
             # Another writer may have created it first; use theirs.
             existing = self.load(batch.name)
             if existing is None:
                 raise
             return existing
-        # Partition by ingest day so time-bounded scans (and silver's incremental reads) prune.
-        with table.update_spec() as spec:
-            spec.add_field(PARTITION_SOURCE_COLUMN, DayTransform(), "_cdc_ingested_day")
-        return table
 
     def commit(self, batch: TableBatch) -> int:
         """Append ``batch`` and its offsets in one commit, retrying on conflicts. Returns rows written."""
@@ -169,10 +177,26 @@ class BronzeTables:
         # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
         rows = [row for row in batch.rows if row["_cdc_offset"] >= stored.get(_tp(row), -1)]  # type: ignore[operator]
         data = pa.Table.from_pylist(rows, schema=target)
-        offsets = encode_offsets(merge_offsets(stored, batch.offsets))
+        if batch.tables:
+            partitions = list(batch.offsets)
+            parts = [drop_committed(conform_table(part, target), stored, partitions) for part in batch.tables]
+            data = pa.concat_tables([data, *parts] if data.num_rows else parts)
+        merged = merge_offsets(stored, batch.offsets)
+        if not data.num_rows and merged == stored:
+            # Everything in this batch is in the table already (another writer committed it): nothing to commit.
+            # A properties-only commit would write offsets computed from metadata that may be stale by then.
+            return 0
+        offsets = encode_offsets(merged)
         commit_id = str(uuid.uuid4())
+        # Several writers: the offsets and the row filter above hold only for the metadata they were computed from.
+        # Every commit therefore carries a snapshot (possibly empty), whose AssertRefSnapshotId makes the commit fail
+        # if another writer's commit landed meanwhile, and pyiceberg must not retry by itself: its retry re-bases
+        # the append on the new metadata but keeps these stale offsets (they would overwrite the other writer's)
+        # and these rows (which it may have committed too). Our loop in commit() retries from scratch instead.
+        table.metadata = table.metadata.model_copy(
+            update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
+        )
         with table.transaction() as transaction:
-            if data.num_rows:
-                transaction.append(data, snapshot_properties={OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
+            transaction.append(data, snapshot_properties={OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
         return int(data.num_rows)

@@ -67,12 +67,15 @@ class KafkaSource:
         self._positions: dict[tuple[str, int], int] = {}
         self._started_at = 0.0
         self._assigned_once = False
+        self._cooperative = False
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, resolve: OffsetResolver) -> None:
         self._resolve = resolve
+        config = consumer_config(self.settings)
+        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")).lower()
         try:
-            self._consumer = Consumer(consumer_config(self.settings), logger=log)
+            self._consumer = Consumer(config, logger=log)
         except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
             error = exc.args[0] if exc.args else exc
             reason = error.str() if isinstance(error, KafkaError) else str(error)
@@ -103,7 +106,11 @@ class KafkaSource:
             self._assigned.add(tp)
             self._at_eof.discard(tp)
             log.info("assigned %s[%d] from offset %s", tp[0], tp[1], "beginning" if start is None else start)
-        consumer.assign(partitions)
+        # The cooperative protocol hands over only the changed partitions; the eager one the whole assignment.
+        if self._cooperative:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
         self._assigned_once = True
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -115,7 +122,10 @@ class KafkaSource:
             self._assigned.discard(tp)
             self._at_eof.discard(tp)
             self._positions.pop(tp, None)
-        consumer.unassign()
+        if self._cooperative:
+            consumer.incremental_unassign(partitions)
+        else:
+            consumer.unassign()
 
     # -- reading ----------------------------------------------------------------------------------------------
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
@@ -128,10 +138,8 @@ class KafkaSource:
                 if error.code() == KafkaError._PARTITION_EOF:
                     self._at_eof.add(_coordinates(message)[:2])
                     continue
-                if error.fatal() or error.code() in (
-                    KafkaError.UNKNOWN_TOPIC_OR_PART,
-                    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                ):
+                # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
+                if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
                 log.warning("kafka: %s", error.str())
                 continue
