@@ -232,3 +232,67 @@ def test_schemaless_topic_needs_keys_and_keeps_documents(harness: SilverHarness,
     assert harness.build(topic)
     rows = harness.spark.sql(f"select id, _cdc_document from silver.{topic.table} order by id").collect()
     assert [(row["id"], orjson.loads(row["_cdc_document"])["v"]) for row in rows] == [("1", "a2"), ("2", "b")]
+
+
+def test_hostile_column_names_are_quoted(harness: SilverHarness, dumps: Path) -> None:
+    """Column names come from source databases: a backquote or SQL in a name must stay a name."""
+    import orjson
+
+    from ingest.bronze.tables import BronzeTables
+    from ingest.lakehouse import load_catalog
+    from ingest.pipeline import Pipeline
+    from ingest.sources.file import FileSource
+
+    topic = harness.topic("hostile")
+    hostile = "x`) from t; drop table silver.y; --"
+    fields = [
+        {"type": "int32", "optional": False, "field": "id"},
+        {"type": "string", "optional": True, "field": hostile},
+    ]
+    row = {"type": "struct", "optional": True, "fields": fields}
+    schema = {
+        "type": "struct",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {
+                "type": "struct",
+                "field": "source",
+                "fields": [
+                    {"type": "string", "field": "connector"},
+                    {"type": "int64", "field": "ts_ms"},
+                    {"type": "string", "field": "commit_lsn"},
+                    {"type": "string", "field": "change_lsn"},
+                ],
+            },
+            {"type": "string", "field": "op"},
+        ],
+    }
+    key_schema = {"type": "struct", "fields": [fields[0]]}
+    lines = []
+    for offset, (key, value) in enumerate([(1, "a"), (2, "b"), (1, "c")]):
+        payload = {
+            "before": None,
+            "after": {"id": key, hostile: value},
+            "op": "c" if offset < 2 else "u",
+            "source": {"connector": "informix", "ts_ms": 1, "commit_lsn": str(offset + 1), "change_lsn": "1"},
+        }
+        lines.append(
+            {
+                "topic": topic.name,
+                "partition": 0,
+                "offset": offset,
+                "key": orjson.dumps({"schema": key_schema, "payload": {"id": key}}).decode(),
+                "payload": orjson.dumps({"schema": schema, "payload": payload}).decode(),
+            }
+        )
+    path = dumps / "hostile.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    Pipeline(harness.settings.ingest, BronzeTables(load_catalog(harness.settings), "bronze"), FileSource(path)).run(
+        once=True
+    )
+    harness.write_model(topic)
+    assert harness.build(topic)
+    quoted = "`" + hostile.replace("`", "``") + "`"
+    rows = harness.spark.sql(f"select id, {quoted} as value from silver.{topic.table} order by id").collect()
+    assert [(r["id"], r["value"]) for r in rows] == [(1, "c"), (2, "b")]

@@ -45,8 +45,8 @@
   {%- endif -%}
   {%- set key_exprs = {} -%}
   {%- for key in keys -%}
-    {%- if typed_key -%}{% do key_exprs.update({key: 'key.' ~ adapter.quote(key)}) %}
-    {%- else -%}{% do key_exprs.update({key: "get_json_object(key, '$." ~ key ~ "')"}) %}{%- endif -%}
+    {%- if typed_key -%}{% do key_exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
+    {%- else -%}{% do key_exprs.update({key: cdclake.json_key_expr(key)}) %}{%- endif -%}
   {%- endfor -%}
   {%- set image_columns = [] -%}
   {%- if not document -%}
@@ -113,4 +113,10 @@
     {% do run_query('create or replace temporary view ' ~ view ~ ' as select * from ' ~ view ~ "__raw where _change_type = 'INSERT'") %}
   {%- endif -%}
   {{ return(view) }}
+{%- endmacro %}
+
+
+{#- A key field of a schemaless (JSON text) Debezium key, as a string. -#}
+{% macro json_key_expr(name) -%}
+  get_json_object(key, '$.{{ name | replace("\\", "\\\\") | replace("'", "\\'") }}')
 {%- endmacro %}

@@ -22,7 +22,7 @@
 
 
 {% macro key_match(keys, left, right) -%}
-  {%- for key in keys %}{{ left }}.{{ adapter.quote(key) }} <=> {{ right }}.{{ adapter.quote(key) }}{% if not loop.last %} and {% endif %}{% endfor -%}
+  {%- for key in keys %}{{ left }}.{{ cdclake.quote(key) }} <=> {{ right }}.{{ cdclake.quote(key) }}{% if not loop.last %} and {% endif %}{% endfor -%}
 {%- endmacro %}
 
 
@@ -38,14 +38,14 @@
 with changes as (
   select
     {%- for key in layout.key_columns %}
-    {{ layout.key_exprs[key] }} as {{ adapter.quote(key) }},
+    {{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }},
     {%- endfor %}
     _cdc_order,
     op as _cdc_op,
     _cdc_offset,
     {{ layout.source_ts_expr }} as _cdc_source_ts,
     {%- for column in layout.extra_columns %}
-    {{ adapter.quote(column) }},
+    {{ cdclake.quote(column) }},
     {%- endfor %}
     {{ layout.image_expr }} as _cdc_image
   from ({{ input_sql }}) bronze_input
@@ -54,7 +54,7 @@ with changes as (
 ranked as (
   select *,
     row_number() over (
-      partition by {% for key in layout.key_columns %}{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+      partition by {% for key in layout.key_columns %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
       order by _cdc_order desc, {{ cdclake.op_rank('_cdc_op') }} desc, _cdc_offset desc
     ) as _cdc_rank
   from changes
@@ -65,10 +65,10 @@ select * from ranked where _cdc_rank = 1
 
 {#- The silver columns of a winner: keys, image columns, extracted columns, then cdclake's metadata. -#}
 {% macro silver_select(layout, alias) -%}
-  {%- for key in layout.key_columns %}{{ alias }}.{{ adapter.quote(key) }}, {% endfor -%}
-  {%- for column in layout.image_columns %}{{ alias }}._cdc_image.{{ adapter.quote(column) }} as {{ adapter.quote(column) }}, {% endfor -%}
+  {%- for key in layout.key_columns %}{{ alias }}.{{ cdclake.quote(key) }}, {% endfor -%}
+  {%- for column in layout.image_columns %}{{ alias }}._cdc_image.{{ cdclake.quote(column) }} as {{ cdclake.quote(column) }}, {% endfor -%}
   {%- if layout.document %}{{ alias }}._cdc_image as _cdc_document, {% endif -%}
-  {%- for column in layout.extra_columns %}{{ alias }}.{{ adapter.quote(column) }}, {% endfor -%}
+  {%- for column in layout.extra_columns %}{{ alias }}.{{ cdclake.quote(column) }}, {% endfor -%}
   {{ alias }}._cdc_order, {{ alias }}._cdc_op, {{ alias }}._cdc_offset, {{ alias }}._cdc_source_ts,
   current_timestamp() as _cdc_applied_at
 {%- endmacro %}
@@ -82,4 +82,13 @@ select * from ranked where _cdc_rank = 1
   {%- if layout.document %}{% do columns.append('_cdc_document') %}{% endif -%}
   {%- for column in layout.extra_columns %}{% do columns.append(column) %}{% endfor -%}
   {{ return(columns) }}
+{%- endmacro %}
+
+
+{#-
+  A Spark identifier for a column name that comes from a source database: backquoted, with backquotes doubled,
+  so a hostile name cannot close the quote (dbt-spark's adapter.quote does not escape).
+-#}
+{% macro quote(name) -%}
+  `{{ name | replace('`', '``') }}`
 {%- endmacro %}

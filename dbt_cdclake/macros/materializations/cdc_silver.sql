@@ -109,7 +109,7 @@
   create table {{ tombstones }}
   using iceberg
   tblproperties ({{ cdclake.silver_table_properties() }})
-  as select {% for key in layout.key_columns %}w.{{ adapter.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
+  as select {% for key in layout.key_columns %}w.{{ cdclake.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
     current_timestamp() as _cdc_deleted_at
   from {{ winners }} w
   where w._cdc_op = 'd' and {{ after_truncate }}
@@ -149,7 +149,7 @@
   {%- endif %}
   when matched and {{ newer }} then update set
     {%- for column in columns %}
-    t.{{ adapter.quote(column) }} = {% if ignore_nulls and column not in layout.key_columns %}coalesce(s.{{ adapter.quote(column) }}, t.{{ adapter.quote(column) }}){% else %}s.{{ adapter.quote(column) }}{% endif %},
+    t.{{ cdclake.quote(column) }} = {% if ignore_nulls and column not in layout.key_columns %}coalesce(s.{{ cdclake.quote(column) }}, t.{{ cdclake.quote(column) }}){% else %}s.{{ cdclake.quote(column) }}{% endif %},
     {%- endfor %}
     {%- if delete_mode == 'soft' %}
     t._cdc_deleted = false, t._cdc_deleted_at = null,
@@ -161,8 +161,8 @@
   {%- else %}
   when not matched then insert
   {%- endif %}
-    ({% for column in columns %}{{ adapter.quote(column) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_applied_at{% if delete_mode == 'soft' %}, _cdc_deleted, _cdc_deleted_at{% endif %})
-    values ({% for column in columns %}s.{{ adapter.quote(column) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at{% if delete_mode == 'soft' %}, s._cdc_op = 'd', case when s._cdc_op = 'd' then current_timestamp() end{% endif %})
+    ({% for column in columns %}{{ cdclake.quote(column) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_applied_at{% if delete_mode == 'soft' %}, _cdc_deleted, _cdc_deleted_at{% endif %})
+    values ({% for column in columns %}s.{{ cdclake.quote(column) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at{% if delete_mode == 'soft' %}, s._cdc_op = 'd', case when s._cdc_op = 'd' then current_timestamp() end{% endif %})
 {%- endmacro %}
 
 
@@ -178,6 +178,6 @@
     b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset, b._cdc_deleted_at = current_timestamp()
   when matched then delete
   when not matched and s._cdc_op = 'd' then insert
-    ({% for key in layout.key_columns %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at)
-    values ({% for key in layout.key_columns %}s.{{ adapter.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, current_timestamp())
+    ({% for key in layout.key_columns %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at)
+    values ({% for key in layout.key_columns %}s.{{ cdclake.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, current_timestamp())
 {%- endmacro %}

@@ -2,9 +2,9 @@
 
 {#- Each key appears once in silver. -#}
 {% test cdclake_keys_unique(model, keys) %}
-  select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}count(*) as copies
+  select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
   from {{ model }}
-  group by {% for key in keys %}{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  group by {% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   having count(*) > 1
 {% endtest %}
 
@@ -16,11 +16,11 @@
   select * from (
     select
       {%- for key in keys %}
-      {% if typed_key %}key.{{ adapter.quote(key) }}{% else %}get_json_object(key, '$.{{ key }}'){% endif %} as {{ adapter.quote(key) }},
+      {% if typed_key %}key.{{ cdclake.quote(key) }}{% else %}{{ cdclake.json_key_expr(key) }}{% endif %} as {{ cdclake.quote(key) }},
       {%- endfor %}
       _cdc_order, op as _cdc_op, _cdc_offset,
       row_number() over (
-        partition by {% for key in keys %}{% if typed_key %}key.{{ adapter.quote(key) }}{% else %}get_json_object(key, '$.{{ key }}'){% endif %}{% if not loop.last %}, {% endif %}{% endfor %}
+        partition by {% for key in keys %}{% if typed_key %}key.{{ cdclake.quote(key) }}{% else %}{{ cdclake.json_key_expr(key) }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
     from {{ bronze }}
     where op in ('c', 'u', 'd', 'r')
@@ -32,11 +32,11 @@
 {% test cdclake_equals_recompute(model, bronze, keys) %}
   {%- set live = '_cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
   with expected as (
-    select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
+    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
     from ({{ cdclake.recomputed_latest(bronze, keys) }}) where _cdc_op <> 'd'
   ),
   actual as (
-    select {% for key in keys %}{{ adapter.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
+    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
     from {{ model }} where {{ live }}
   )
   (select 'missing from silver' as problem, * from (select * from expected except select * from actual))
@@ -48,7 +48,7 @@
 {#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
 {% test cdclake_no_deleted_keys(model, bronze, keys) %}
   {%- set live = 's._cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
-  select {% for key in keys %}s.{{ adapter.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
   join ({{ cdclake.recomputed_latest(bronze, keys) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
