@@ -107,8 +107,7 @@ INSERT INTO inventory.typed_values ({TYPED_COLUMNS}) VALUES (
 
 # Mostly NULLs; deleted later, where its delete event shows that `before` carries only the key.
 INSERT_TYPED_2_SPARSE = (
-    "INSERT INTO inventory.typed_values (id, c_bigint, c_text) "
-    "VALUES (2, 2, 'deleted later; other columns NULL')"
+    "INSERT INTO inventory.typed_values (id, c_bigint, c_text) VALUES (2, 2, 'deleted later; other columns NULL')"
 )
 
 INSERT_TYPED_3 = f"""
@@ -564,9 +563,7 @@ def summarize(records: Sequence[dict[str, Any]], out_dir: Path, seconds: float) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})"
-    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--verbose", action="store_true", help="show Debezium INFO logs")
     args = parser.parse_args(argv)
     record(args.out, args.verbose)

@@ -65,14 +65,14 @@ def test_real_postgres_stream_lands_once(lakehouse: Path) -> None:
     table = load_catalog(settings).load_table("bronze.dbserver1_inventory_customers")
     assert decode_offsets(table.properties[OFFSETS_PROPERTY]) == {("dbserver1.inventory.customers", 0): expected}
     # Offsets are also in the summary of the snapshot that wrote the data.
-    assert OFFSETS_PROPERTY in table.current_snapshot().summary.additional_properties  # type: ignore[union-attr]
+    assert OFFSETS_PROPERTY in table.current_snapshot().summary.additional_properties
 
 
 def test_typed_values_become_real_types(lakehouse: Path) -> None:
     settings = make_settings(lakehouse)
     run_file(settings, PG_DUMP)
     schema = load_catalog(settings).load_table("bronze.dbserver1_inventory_typed_values").schema()
-    after = {field.name: str(field.field_type) for field in schema.find_field("after").field_type.fields}  # type: ignore[attr-defined]
+    after = {field.name: str(field.field_type) for field in schema.find_field("after").field_type.fields}
     assert after["c_numeric"] == "decimal(12, 3)"
     assert after["c_date"] == "date"
     assert after["c_timestamp"] == "timestamp"
@@ -142,9 +142,12 @@ ID = {"type": "int32", "field": "id"}
 NAME = {"type": "string", "field": "name", "optional": True}
 
 
+def key(i: int) -> dict[str, int]:
+    return {"id": i}
+
+
 def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) -> None:
     settings = make_settings(lakehouse)
-    key = lambda i: {"id": i}  # noqa: E731
     dump = write_dump(
         tmp_path / "evolve.jsonl",
         [
@@ -166,7 +169,7 @@ def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) ->
     run_file(settings, dump)
     table = load_catalog(settings).load_table("bronze.p_s_t")
     after = table.schema().find_field("after").field_type
-    assert {f.name: str(f.field_type) for f in after.fields} == {"id": "long", "name": "string"}  # type: ignore[attr-defined]
+    assert {f.name: str(f.field_type) for f in after.fields} == {"id": "long", "name": "string"}
     data = table.scan().to_arrow()
     assert sorted(data.column("_cdc_offset").to_pylist()) == [0, 1, 2, 4]
     dead = rows(settings, DEAD_LETTER_TABLE)
