@@ -179,6 +179,17 @@ class MaintenanceSettings(_Section):
 class DbtSettings(_Section):
     project_dir: str = Field(default="dbt_project", description="dbt project used by `cdclake dbt` and scaffold.")
     target: str = Field(default="session", description="dbt target of the generated profile.")
+    thrift_host: str | None = Field(
+        default=None,
+        description="Spark Thrift Server host: when set, the profile gets a `cluster` target (dbt-spark thrift).",
+    )
+    thrift_port: int = Field(default=10000, ge=1, le=65535, description="Spark Thrift Server port (target cluster).")
+
+    @model_validator(mode="after")
+    def _cluster_target_has_a_server(self) -> DbtSettings:
+        if self.target == "cluster" and not self.thrift_host:
+            raise ValueError("dbt.target 'cluster' needs dbt.thrift_host (the Spark Thrift Server)")
+        return self
 
 
 class Settings(_Section):

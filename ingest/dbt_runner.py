@@ -6,6 +6,8 @@ The profile goes to ``.cdclake/dbt/profiles.yml``; catalog passwords are not wri
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +19,7 @@ from ingest.config import Settings
 from ingest.lakehouse import runtime_dir, secret_spark_keys, spark_conf
 
 PROFILE_NAME = "cdclake"
+THRIFT_NAMESPACE = "default"
 PASSWORD_ENV = "CDCLAKE_CATALOG_PASSWORD"  # noqa: S105 (the name of the variable, not a secret)
 
 
@@ -26,22 +29,31 @@ def profile(settings: Settings) -> dict[str, Any]:
     parameters = {
         key: (f"{{{{ env_var('{PASSWORD_ENV}') }}}}" if key in secrets else value) for key, value in conf.items()
     }
-    return {
-        PROFILE_NAME: {
-            "target": settings.dbt.target,
-            "outputs": {
-                # dbt-spark runs Spark in-process; spark.master in the parameters picks local or a cluster.
-                "session": {
-                    "type": "spark",
-                    "method": "session",
-                    "host": "localhost",
-                    "schema": settings.lakehouse.silver_namespace,
-                    "threads": 1,
-                    "server_side_parameters": parameters,
-                },
-            },
-        }
+    outputs: dict[str, Any] = {
+        # dbt-spark runs Spark in-process; spark.master in the parameters picks local or a cluster.
+        "session": {
+            "type": "spark",
+            "method": "session",
+            "host": "localhost",
+            "schema": settings.lakehouse.silver_namespace,
+            "threads": 1,
+            "server_side_parameters": parameters,
+        },
     }
+    if settings.dbt.thrift_host:
+        # A Spark Thrift Server already running with these settings (docs/scaling.md); needs dbt-spark[PyHive].
+        outputs["cluster"] = {
+            "type": "spark",
+            "method": "thrift",
+            "host": settings.dbt.thrift_host,
+            "port": settings.dbt.thrift_port,
+            "schema": settings.lakehouse.silver_namespace,
+            "threads": 1,
+            "connect_retries": 3,
+            "connect_timeout": 10,
+            "poll_interval": 1,  # seconds between status polls of a running statement (dbt-spark's default: 5)
+        }
+    return {PROFILE_NAME: {"target": settings.dbt.target, "outputs": outputs}}
 
 
 def profiles_dir() -> Path:
@@ -70,12 +82,55 @@ def project_dir(settings: Settings) -> Path:
     return settings.resolve(settings.dbt.project_dir)
 
 
+def ensure_thrift_namespace(settings: Settings) -> None:
+    """PyHive (dbt-spark's thrift method) runs ``USE `default``` on connect, which fails on an Iceberg default
+    catalog without a ``default`` namespace (SCHEMA_NOT_FOUND): create that (empty) namespace once."""
+    from pyiceberg.exceptions import NamespaceAlreadyExistsError
+    from sqlalchemy.exc import IntegrityError
+
+    from ingest.lakehouse import load_catalog
+
+    catalog = load_catalog(settings)
+    if not catalog.namespace_exists(THRIFT_NAMESPACE):
+        with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
+            catalog.create_namespace(THRIFT_NAMESPACE)
+
+
+def tolerate_empty_thrift_schemas() -> None:
+    """Read a missing column list in a Thrift result as an empty one (for dbt-spark's thrift method).
+
+    Spark 3.5's Thrift Server answers statements without output (CREATE NAMESPACE, CACHE TABLE, MERGE, ...) with a
+    result schema whose column list is unset (SPARK-48808, fixed in Spark 4.0). PyHive iterates it, so every such
+    statement run through dbt's ``run_query`` fails with "'NoneType' object is not iterable". Idempotent; a no-op
+    without PyHive.
+    """
+    try:
+        ttypes = importlib.import_module("TCLIService.ttypes")
+    except ImportError:
+        return
+    for cls in (ttypes.TTableSchema, ttypes.TRowSet):
+        if getattr(cls, "_cdclake_empty_columns", False):
+            continue
+        original = cls.read
+
+        def read(self: Any, iprot: Any, _original: Any = original) -> None:
+            _original(self, iprot)
+            if self.columns is None:
+                self.columns = []
+
+        cls.read = read
+        cls._cdclake_empty_columns = True
+
+
 def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
     """Run dbt in this process (sharing its SparkSession, if any). Installs the package on first use."""
     from dbt.cli.main import dbtRunner
 
     os.environ.update(dbt_environment(settings))
     write_profile(settings)
+    if settings.dbt.thrift_host:
+        ensure_thrift_namespace(settings)
+        tolerate_empty_thrift_schemas()
     project = project_dir(settings)
     common = ["--project-dir", str(project), "--profiles-dir", str(profiles_dir())]
     runner = dbtRunner()
