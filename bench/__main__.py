@@ -10,7 +10,7 @@ import importlib
 import sys
 
 # name -> module; run in this order.
-BENCHMARKS = {"ingest": "bench.ingest_bench"}
+BENCHMARKS = {"ingest": "bench.ingest_bench", "merge": "bench.merge_bench"}
 
 
 def main(argv: list[str] | None = None) -> int:

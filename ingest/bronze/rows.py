@@ -56,6 +56,10 @@ def canonical_json(value: Any) -> str | None:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
+Compiled = tuple[pa.Schema, Converter | None, Converter | None]
+_IDENTITY_CACHE = 512
+
+
 def _fingerprint(schema: dict[str, Any] | None) -> bytes:
     return b"" if schema is None else orjson.dumps(schema)
 
@@ -66,10 +70,37 @@ class RowBuilder:
     def __init__(self, variable_scale: int = 10) -> None:
         self._variable_scale = variable_scale
         self._compiled: dict[tuple[RecordKind, bytes, bytes], tuple[pa.Schema, Converter | None, Converter | None]] = {}
+        # The same schema dicts (shared by every record whose schema bytes are equal, see SchemaSplitter) skip the
+        # fingerprint. Entries hold the dicts, so their ids cannot be reused while cached.
+        self._by_identity: dict[tuple[RecordKind, int, int], tuple[object, object, Compiled]] = {}
 
-    def _compile(self, envelope: Envelope) -> tuple[pa.Schema, Converter | None, Converter | None]:
+    def _compile(self, envelope: Envelope) -> Compiled:
         kind = RecordKind.CHANGE if envelope.kind is RecordKind.TOMBSTONE else envelope.kind
-        cache_key = (kind, _fingerprint(envelope.key_schema), _fingerprint(envelope.value_schema))
+        return self._compiled_for(kind, envelope.key_schema, envelope.value_schema)
+
+    def schema_for(
+        self, kind: RecordKind, key_schema: dict[str, Any] | None, value_schema: dict[str, Any] | None
+    ) -> pa.Schema:
+        """The Arrow schema (the very object :meth:`build` gives its rows) of records with these schemas."""
+        return self._compiled_for(kind, key_schema, value_schema)[0]
+
+    def _compiled_for(
+        self, kind: RecordKind, key_schema: dict[str, Any] | None, value_schema: dict[str, Any] | None
+    ) -> Compiled:
+        identity = (kind, id(key_schema), id(value_schema))
+        known = self._by_identity.get(identity)
+        if known is not None and known[0] is key_schema and known[1] is value_schema:
+            return known[2]
+        compiled = self._compile_new(kind, key_schema, value_schema)
+        if len(self._by_identity) >= _IDENTITY_CACHE:
+            self._by_identity.clear()
+        self._by_identity[identity] = (key_schema, value_schema, compiled)
+        return compiled
+
+    def _compile_new(
+        self, kind: RecordKind, key_schema: dict[str, Any] | None, value_schema: dict[str, Any] | None
+    ) -> Compiled:
+        cache_key = (kind, _fingerprint(key_schema), _fingerprint(value_schema))
         compiled = self._compiled.get(cache_key)
         if compiled is not None:
             return compiled
@@ -78,15 +109,15 @@ class RowBuilder:
         if kind is RecordKind.CHANGE:
             fields += CHANGE_FIELDS
         key_conv: Converter | None = None
-        if envelope.key_schema is not None:
-            fields.append(pa.field("key", arrow_type(envelope.key_schema, variable_scale=scale)))
-            key_conv = converter(envelope.key_schema, variable_scale=scale)
+        if key_schema is not None:
+            fields.append(pa.field("key", arrow_type(key_schema, variable_scale=scale)))
+            key_conv = converter(key_schema, variable_scale=scale)
         value_conv: Converter | None = None
-        if envelope.value_schema is not None:
-            if envelope.value_schema.get("type") != "struct":
+        if value_schema is not None:
+            if value_schema.get("type") != "struct":
                 raise DecodeError("value schema is not a struct")
-            fields += struct_fields(envelope.value_schema, variable_scale=scale)
-            value_conv = struct_converter(envelope.value_schema, variable_scale=scale)
+            fields += struct_fields(value_schema, variable_scale=scale)
+            value_conv = struct_converter(value_schema, variable_scale=scale)
         compiled = (pa.schema(fields), key_conv, value_conv)
         self._compiled[cache_key] = compiled
         return compiled

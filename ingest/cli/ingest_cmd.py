@@ -34,7 +34,11 @@ def build_pipeline(settings: Settings) -> Pipeline:
         return Pipeline(settings.ingest, tables, source, metrics)
     from ingest.sources.kafka import KafkaSource
 
-    kafka = KafkaSource(source_settings)
+    def on_health(reason: str | None) -> None:
+        # The broker is unreachable (reason) or back (None): shown by /healthz once progress stalls.
+        metrics.health_reason = "running" if reason is None else redact(reason, settings)
+
+    kafka = KafkaSource(source_settings, on_health=on_health)
     pipeline = Pipeline(settings.ingest, tables, kafka, metrics)
     kafka.on_revoke = pipeline.revoke
     return pipeline

@@ -4,6 +4,13 @@ Partitions are positioned from bronze's own offsets on every assignment, so a re
 exactly where the bronze tables say; the consumer group's committed offsets are written for monitoring only.
 Catch-up for ``--once`` is detected with partition EOF events, not with ListOffsets (unreliable on some
 Kafka-protocol brokers).
+
+Broker outages: librdkafka reconnects by itself (``reconnect.backoff.ms`` .. ``reconnect.backoff.max.ms``). Its
+global errors (``error_cb``: all brokers down, transport, authentication, TLS) mark the source *unreachable*: then
+it is not caught up (so an idle service stops reporting progress and ``/healthz`` fails after
+``ingest.unhealthy_after_s``) and ``on_health`` gets the reason. A metadata request that succeeds (tried at most
+every ``PROBE_INTERVAL_S`` while unreachable) marks it reachable again; records still in the client's queue are
+no proof of that.
 """
 
 from __future__ import annotations
@@ -23,6 +30,19 @@ from ingest.sources.base import OffsetResolver
 log = logging.getLogger(__name__)
 
 RevokeHook = Callable[[list[tuple[str, int]]], None]
+# Called with a reason when no broker can be reached, and with None once one answers again.
+HealthHook = Callable[[str | None], None]
+# librdkafka's global errors that mean "cannot talk to the cluster" (it keeps retrying by itself).
+UNREACHABLE_ERRORS = frozenset(
+    {
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TRANSPORT,
+        KafkaError._RESOLVE,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+    }
+)
+PROBE_INTERVAL_S = 1.0
 
 
 class KafkaSourceError(CdclakeError):
@@ -40,6 +60,10 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 1000,
         "topic.metadata.refresh.interval.ms": 5000,
+        # While the cluster is down librdkafka retries a refused connection every reconnect.backoff.ms / 2 (its
+        # exponential growth does not apply there): 100 ms by default means 20 attempts and error lines a second.
+        "reconnect.backoff.ms": 1000,
+        "reconnect.backoff.max.ms": 10000,
         "fetch.max.bytes": 64 * 1024 * 1024,
         "queued.max.messages.kbytes": 256 * 1024,
     }
@@ -57,9 +81,12 @@ def _coordinates(message: Message) -> tuple[str, int, int]:
 
 
 class KafkaSource:
-    def __init__(self, settings: SourceSettings, on_revoke: RevokeHook | None = None) -> None:
+    def __init__(
+        self, settings: SourceSettings, on_revoke: RevokeHook | None = None, on_health: HealthHook | None = None
+    ) -> None:
         self.settings = settings
         self.on_revoke = on_revoke
+        self.on_health = on_health
         self._consumer: Consumer | None = None
         self._resolve: OffsetResolver | None = None
         self._assigned: set[tuple[str, int]] = set()
@@ -68,11 +95,15 @@ class KafkaSource:
         self._started_at = 0.0
         self._assigned_once = False
         self._cooperative = False
+        # Set while no broker can be reached: (unix time it started, librdkafka's last error text).
+        self._unreachable: tuple[float, str] | None = None
+        self._probed_at = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, resolve: OffsetResolver) -> None:
         self._resolve = resolve
         config = consumer_config(self.settings)
+        config["error_cb"] = self._on_error
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")).lower()
         try:
             self._consumer = Consumer(config, logger=log)
@@ -127,9 +158,54 @@ class KafkaSource:
         else:
             consumer.unassign()
 
+    # -- broker reachability --------------------------------------------------------------------------------------
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's global errors (served inside consume/poll). It retries by itself; we only keep the state."""
+        if error.code() not in UNREACHABLE_ERRORS:
+            log.warning("kafka: %s", error.str())
+            return
+        if self._unreachable is None:
+            log.warning("kafka: cannot reach the cluster (%s); the client keeps reconnecting with backoff", error.str())
+            self._unreachable = (time.time(), error.str())
+            self._probed_at = time.monotonic()
+        else:
+            self._unreachable = (self._unreachable[0], error.str())
+        if self.on_health is not None:
+            self.on_health(self.health_reason)
+
+    def _reachable(self) -> None:
+        if self._unreachable is None:
+            return
+        log.info("kafka: the cluster is reachable again after %.1fs", time.time() - self._unreachable[0])
+        self._unreachable = None
+        if self.on_health is not None:
+            self.on_health(None)
+
+    def _probe(self, timeout_s: float) -> None:
+        """While unreachable and idle: a metadata request tells whether a broker answers again."""
+        assert self._consumer is not None
+        if self._unreachable is None or time.monotonic() - self._probed_at < PROBE_INTERVAL_S:
+            return
+        self._probed_at = time.monotonic()
+        try:
+            self._consumer.list_topics(timeout=max(min(timeout_s, 0.5), 0.05))
+        except KafkaException:
+            return
+        self._reachable()
+
+    @property
+    def health_reason(self) -> str | None:
+        """Why the source cannot make progress (None when it can)."""
+        if self._unreachable is None:
+            return None
+        since, error = self._unreachable
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+        return f"kafka: no broker reachable since {at} (last error: {error})"
+
     # -- reading ----------------------------------------------------------------------------------------------
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         assert self._consumer is not None, "start() first"
+        self._probe(timeout_s)
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         batch: list[RawRecord] = []
         for message in messages:
@@ -161,6 +237,8 @@ class KafkaSource:
         return batch
 
     def caught_up(self) -> bool:
+        if self._unreachable is not None:
+            return False  # cannot tell, and no progress is being made: not caught up
         if not self._assigned:
             # Nothing assigned yet: wait for the group join, then give up (no such topics).
             return not self._assigned_once and time.monotonic() - self._started_at > 15.0

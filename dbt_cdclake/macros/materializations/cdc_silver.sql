@@ -50,6 +50,12 @@
     {%- set after_truncate = "true" if not has_truncate else (cdclake.position('w') ~ ' > (select position from ' ~ truncate_view ~ ')') -%}
 
     {%- if existing is none -%}
+      {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
+          the other order left a silver table without tombstones, on which every later run failed. -#}
+      {%- if delete_mode == 'hard' -%}
+        {% do run_query('drop table if exists ' ~ tombstones) %}
+        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate)) %}
+      {%- endif -%}
       {%- call statement('main') -%}
         create table {{ target }}
         using iceberg
@@ -59,10 +65,6 @@
         from {{ winners }} w
         where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
-      {%- if delete_mode == 'hard' -%}
-        {% do run_query('drop table if exists ' ~ tombstones) %}
-        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate)) %}
-      {%- endif -%}
     {%- else -%}
       {%- set applicable = identifier ~ '__cdc_applicable' -%}
       {% do run_query('uncache table if exists ' ~ applicable) %}

@@ -9,8 +9,9 @@
 {% endtest %}
 
 
-{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op). -#}
-{% macro recomputed_latest(bronze, keys) -%}
+{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op); with `snapshot`,
+    over bronze as of that snapshot. -#}
+{% macro recomputed_latest(bronze, keys, snapshot=none) -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
   {%- set typed_key = types.get('key', '').startswith('struct') -%}
   select * from (
@@ -22,9 +23,16 @@
       row_number() over (
         partition by {% for key in keys %}{% if typed_key %}key.{{ cdclake.quote(key) }}{% else %}{{ cdclake.json_key_expr(key) }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
-    from {{ bronze }}
+    from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %}
     where op in ('c', 'u', 'd', 'r')
   ) where _cdc_rank = 1
+{%- endmacro %}
+
+
+{#- The bronze snapshot silver has applied: the tests compare with bronze as of it, so an ingester that commits
+    while `dbt build` runs does not make them fail. -#}
+{% macro tested_snapshot(model) -%}
+  {{ return(cdclake.applied_snapshot(model) if execute else none) }}
 {%- endmacro %}
 
 
@@ -33,7 +41,7 @@
   {%- set live = '_cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
   with expected as (
     select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
-    from ({{ cdclake.recomputed_latest(bronze, keys) }}) where _cdc_op <> 'd'
+    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) where _cdc_op <> 'd'
   ),
   actual as (
     select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
@@ -50,7 +58,7 @@
   {%- set live = 's._cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
-  join ({{ cdclake.recomputed_latest(bronze, keys) }}) latest
+  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
   where latest._cdc_op = 'd' and {{ live }}
 {% endtest %}
