@@ -86,3 +86,8 @@ def test_connector_inferred_when_source_omits_it() -> None:
     assert ordering({"rs": "rs0", "ts_ms": 1000, "ord": 3}) == [1000, 3]
     with pytest.raises(DecodeError, match="unknown connector None"):
         ordering({"db": "x"})
+
+
+def test_positions_beyond_64_bits_are_rejected() -> None:
+    with pytest.raises(DecodeError, match="beyond 64 bits"):
+        ordering({"connector": "informix", "commit_lsn": "123456789012345678901", "change_lsn": "1"})

@@ -147,3 +147,12 @@ def test_numeric_decimal_format_is_accepted_exactly() -> None:
     assert converter(schema)(12.5, "c") == decimal.Decimal("12.50")
     with pytest.raises(DecodeError):
         converter(schema)(12.555, "c")
+
+
+def test_wide_decimals_are_exact_not_rounded() -> None:
+    schema = {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "0", "connect.decimal.precision": "38"},
+    }
+    assert converter(schema)(dec_bytes(10**29 + 3), "c") == decimal.Decimal(10**29 + 3)

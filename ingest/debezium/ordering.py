@@ -18,6 +18,7 @@ from ingest.errors import DecodeError
 
 Position = list[int]
 MISSING = -1
+MAX_POSITION = 2**63 - 1  # positions are stored as Iceberg longs
 _HEX_SEGMENTS = re.compile(r"^[0-9A-Fa-f]+(:[0-9A-Fa-f]+)*$")
 _LSN_SEGMENTS = 3  # Db2 / SQL Server LSNs: XXXXXXXX:XXXXXXXX:XXXX
 _PG_LSN = re.compile(r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$")
@@ -28,12 +29,14 @@ def _integer(source: Mapping[str, Any], field: str, connector: str) -> int:
     value = source.get(field)
     if value is None:
         return MISSING
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
     if type(value) is int:
         if value < 0:
             raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (negative)")
+        if value > MAX_POSITION:
+            raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (beyond 64 bits)")
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
     raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (expected an integer)")
 
 
@@ -45,7 +48,10 @@ def _hex_lsn(source: Mapping[str, Any], field: str, connector: str) -> list[int]
         raise DecodeError(
             f"source.{field}={value!r} is not a valid {connector} LSN (expected XXXXXXXX:XXXXXXXX:XXXX hex)"
         )
-    return [int(part, 16) for part in value.split(":")]
+    parts = [int(part, 16) for part in value.split(":")]
+    if max(parts) > MAX_POSITION:
+        raise DecodeError(f"source.{field}={value!r} is not a valid {connector} LSN (a segment beyond 64 bits)")
+    return parts
 
 
 def _db2(source: Mapping[str, Any]) -> Position:

@@ -46,6 +46,8 @@ _BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 # in the docs; an Iceberg `time` column would make the whole table unreadable from Spark SQL.
 TIME_TYPE = pa.int64()
 MAX_DECIMAL_PRECISION = 38
+# Enough digits for any decimal(38, s) and its range check: the default context (28 digits) would round.
+_EXACT = decimal.Context(prec=80)
 
 
 def _fail(path: str, expected: str, value: Any) -> DecodeError:
@@ -165,7 +167,7 @@ def _decimal(precision: int, scale: int) -> Converter:
     def convert(value: Any, path: str) -> Any:
         if type(value) is str:
             unscaled = int.from_bytes(_b64(value, path), "big", signed=True)
-            result = decimal.Decimal(unscaled).scaleb(-scale)
+            result = decimal.Decimal(unscaled).scaleb(-scale, context=_EXACT)
         elif type(value) in (int, float):  # decimal.format=NUMERIC
             result = decimal.Decimal(str(value))
             if result != result.quantize(quantum, context=decimal.Context(prec=80)):
@@ -173,7 +175,7 @@ def _decimal(precision: int, scale: int) -> Converter:
             result = result.quantize(quantum, context=decimal.Context(prec=80))
         else:
             raise _fail(path, f"decimal({precision},{scale})", value)
-        if abs(result.scaleb(scale)) >= limit:
+        if abs(result.scaleb(scale, context=_EXACT)) >= limit:
             raise _fail(path, f"decimal({precision},{scale}) (out of range)", value)
         return result
 
@@ -190,7 +192,7 @@ def _variable_scale_decimal(scale: int) -> Converter:
         unscaled = int.from_bytes(_b64(value.get("value"), path + ".value"), "big", signed=True)
         result = decimal.Decimal(unscaled).scaleb(-value["scale"], context=context)
         fitted = result.quantize(quantum, context=context)
-        if fitted != result or abs(fitted.scaleb(scale)) >= 10**MAX_DECIMAL_PRECISION:
+        if fitted != result or abs(fitted.scaleb(scale, context=context)) >= 10**MAX_DECIMAL_PRECISION:
             raise _fail(path, f"decimal(38,{scale}) without rounding", value)
         return fitted
 
