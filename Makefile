@@ -29,8 +29,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check ingest tests bench scripts
 	$(VENV)/bin/mypy
 
+# dbt tests run in a process of their own: dbt's session adapter shares the process's SparkSession, so they get
+# a JVM that no other test has configured.
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not dbt" $(PYTEST_ARGS)
+	$(PY) -m pytest -m dbt $(PYTEST_ARGS)
 
 # Fast tests only (no JVM, no broker).
 unit: $(STAMP)
