@@ -141,6 +141,8 @@ class IngestSettings(_Section):
         for topic, name in value.items():
             if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
                 raise ValueError(f"table name {name!r} for topic {topic!r} must match [a-z_][a-z0-9_]*")
+            if name.startswith("_cdc_"):
+                raise ValueError(f"table name {name!r} for topic {topic!r}: names starting _cdc_ are cdclake's own")
         return value
 
 

@@ -1,10 +1,13 @@
 """Topic dumps in the JSON-lines format of ``kcat -C -J``: for replays, backfills and tests.
 
 Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone.
+A Kafka key or value may be any bytes: kcat writes bytes that are not UTF-8 into the JSON string as they are, and
+they are read back as the same bytes (so such a record reaches the decoder, and the dead-letter table, unchanged).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,15 +24,25 @@ def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return value.encode("utf-8", errors="surrogatepass")
+        try:
+            # Undo surrogateescape (bytes that were not UTF-8, see parse_line); a valid string encodes as usual.
+            return value.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", errors="surrogatepass")
     raise ConfigError(f"{where}: '{field}' must be a string or null")
 
 
 def parse_line(line: bytes, where: str) -> RawRecord:
+    lenient = False
     try:
         item = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise ConfigError(f"{where}: not a kcat -J JSON line ({exc})") from None
+        try:
+            # Bytes that are not UTF-8 (raw, or as \udcXX escapes): stdlib json keeps them as lone surrogates.
+            item = json.loads(line.decode("utf-8", errors="surrogateescape"))
+        except ValueError:
+            raise ConfigError(f"{where}: not a kcat -J JSON line ({exc})") from None
+        lenient = True
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: not a kcat -J JSON object")
     try:
@@ -38,6 +51,11 @@ def parse_line(line: bytes, where: str) -> RawRecord:
         raise ConfigError(f"{where}: missing {exc.args[0]!r}") from None
     if not isinstance(topic, str) or type(partition) is not int or type(offset) is not int:
         raise ConfigError(f"{where}: topic must be a string, partition and offset integers")
+    if lenient:
+        try:
+            topic.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: the topic name is not valid UTF-8") from None
     timestamp = item.get("ts")
     return RawRecord(
         topic=topic,

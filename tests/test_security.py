@@ -1,0 +1,213 @@
+"""Security: secrets never shown, hostile names never reach SQL unquoted, client security settings pass through.
+
+The secrets are a SASL password under ``source.consumer`` and the password in a PostgreSQL ``catalog_uri``. They are
+looked for in everything cdclake shows: `cdclake ingest` logs (JSON, with librdkafka's own configuration dump and
+security debug logs switched on), its /metrics and /healthz, error messages, `cdclake status` (text and --json) and the
+generated dbt profile. (That TLS/SASL settings reach the Kafka client unchanged is test_kafka_ingest's
+test_consumer_settings_pass_through.)
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from ingest.broker import TansuBroker, free_port
+from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
+from ingest.bronze.tables import BronzeTables
+from ingest.config import load_settings
+from ingest.errors import ConfigError
+from ingest.lakehouse import load_catalog
+from ingest.pipeline import Pipeline
+from ingest.sources.file import FileSource
+from tests.kafka_fixtures import broker, unique  # noqa: F401 - the session fixture
+from tests.silver_harness import Change, Topic
+from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session fixture
+from tests.test_reliability import Cdclake, postgres_server, write_config  # noqa: F401 - a module fixture
+
+SASL_SECRET = "sasl-Pw-7d41f0c2"
+CATALOG_SECRET = "catalog-Pw-93be51aa"
+SECRETS = (SASL_SECRET, CATALOG_SECRET)
+
+HOSTILE_TOPICS = [
+    "x`; DROP TABLE bronze.customers; --",
+    "a'b\"c",
+    "bronze.t; select 1",
+    "UPPER.Case.Topic",
+    "täble.ünïcode.名前",
+    "2024",
+    "1e10",
+    "12d",
+    "7L",
+    "_cdc_dead_letters",
+    "_cdc.dead.letters",
+    "",
+    "-",
+    "a" * 300,
+]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def assert_no_secret(where: str, text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, f"{where} shows a secret:\n{text[max(text.find(secret) - 300, 0) :][:600]}"
+
+
+@pytest.mark.kafka
+def test_secrets_never_reach_logs_errors_status_or_metrics(
+    broker: TansuBroker,  # noqa: F811
+    postgres_server: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "lake"
+    server_uri = postgres_server.create_database(unique("lake_secret_"))
+    # Trust authentication ignores the password, so the catalog works and the secret is in every URI cdclake uses.
+    catalog_uri = server_uri.replace("://postgres@", f"://postgres:{CATALOG_SECRET}@")
+    assert CATALOG_SECRET in catalog_uri
+    consumer = {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "cdclake",
+        "sasl.password": SASL_SECRET,
+        "debug": "conf,security",  # librdkafka's configuration dump and its authentication logs
+        "session.timeout.ms": "2000",
+        "heartbeat.interval.ms": "500",
+    }
+    topic = Topic("ifx.secret.t")
+    base: dict[str, Any] = {
+        "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": catalog_uri},
+        "ingest": {"unhealthy_after_s": 1.0},
+    }
+
+    def source(bootstrap: str) -> dict[str, Any]:
+        return {"type": "kafka", "bootstrap_servers": bootstrap, "topics": [topic.name], "consumer": consumer}
+
+    port_a, port_b = free_port(), free_port()
+    # (a) the real broker, which does not accept these credentials; (b) no broker at all.
+    config_a, settings = write_config(
+        root,
+        {**base, "source": source(broker.bootstrap_servers), "ingest": {**base["ingest"], "metrics_port": port_a}},
+        "cdclake-a.yml",
+    )
+    config_b, _ = write_config(
+        root,
+        {**base, "source": source(f"127.0.0.1:{free_port()}"), "ingest": {**base["ingest"], "metrics_port": port_b}},
+        "cdclake-b.yml",
+    )
+    # (c) a catalog that cannot be reached, for the error paths.
+    unreachable = re.sub(r"@127\.0\.0\.1:\d+/", f"@127.0.0.1:{free_port()}/", catalog_uri)
+    config_c, _ = write_config(root, {**base, "lakehouse": {**base["lakehouse"], "catalog_uri": unreachable}}, "c.yml")
+
+    dump = root / "changes.jsonl"
+    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(5)])
+    dump.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
+    Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(dump)).run(once=True)
+
+    started = time.monotonic()
+    ingesters = [
+        Cdclake(config, "--log-level", "DEBUG", "ingest", "--no-progress", root=root) for config in (config_a, config_b)
+    ]
+    try:
+        shown: dict[str, str] = {}
+        for name, config, args in [
+            ("status", config_a, ["status", "--lag-timeout", "2"]),
+            ("status --json", config_a, ["status", "--json", "--lag-timeout", "2"]),
+            ("status, catalog unreachable", config_c, ["status"]),
+            ("ingest --once, catalog unreachable", config_c, ["ingest", "--once", "--no-progress"]),
+            ("dbt-profile", config_a, ["dbt-profile"]),
+        ]:
+            run = Cdclake(config, *args, root=root)
+            code = run.wait(120)
+            shown[name] = run.output
+            if "unreachable" in name:
+                assert code != 0, f"{name} succeeded:\n{run.output}"
+            else:
+                assert code == 0, f"{name} failed ({code}):\n{run.output}"
+        status = orjson.loads(shown["status --json"][shown["status --json"].index("{") :])
+        assert [t["name"] for t in status["tables"]] == ["ifx_secret_t"]
+        profile_dir = shown["dbt-profile"].strip().splitlines()[-1]
+        shown["profiles.yml"] = (Path(profile_dir) / "profiles.yml").read_text()
+        assert "CDCLAKE_CATALOG_PASSWORD" in shown["profiles.yml"]
+
+        # (b) has never reached a broker: it must not call itself caught up (and healthy) after the group-join grace.
+        time.sleep(max(0.0, 16.5 - (time.monotonic() - started)))
+        code, body = _get(f"http://127.0.0.1:{port_b}/healthz")
+        assert code == 503, body
+        assert "no broker reachable" in body, body
+        for name, port in (("a", port_a), ("b", port_b)):
+            for path in ("/metrics", "/healthz"):
+                shown[f"ingester {name} {path}"] = _get(f"http://127.0.0.1:{port}{path}")[1]
+        for ingester in ingesters:
+            ingester.terminate()
+        for ingester in ingesters:
+            ingester.wait(60)
+    finally:
+        for ingester in ingesters:
+            ingester.kill()
+    shown["ingester a log"], shown["ingester b log"] = ingesters[0].output, ingesters[1].output
+    assert "[redacted]" in shown["ingester a log"], "librdkafka's configuration dump was not logged"
+    for line in shown["ingester b log"].splitlines():
+        assert isinstance(orjson.loads(line), dict), f"not a JSON log line: {line}"
+    for where, text in shown.items():
+        assert_no_secret(where, text)
+    assert "error" in shown["status, catalog unreachable"].lower()
+
+
+def test_hostile_topic_names_become_plain_identifiers() -> None:
+    names = [bronze_table_name(topic) for topic in HOSTILE_TOPICS]
+    for topic, name in zip(HOSTILE_TOPICS, names, strict=True):
+        assert re.fullmatch(r"[a-z0-9_]+", name), (topic, name)
+        assert not re.fullmatch(r"[0-9]+(e[0-9]+)?(l|s|y|d|f|bd)?", name), (topic, name)  # Spark: a number
+        assert name != DEAD_LETTER_TABLE, topic
+        assert not name.startswith("_cdc_"), (topic, name)
+    assert bronze_table_name("2024") == "t_2024"
+    assert bronze_table_name("_cdc.dead.letters") == "t__cdc_dead_letters"
+    assert bronze_table_name("dbserver1.inventory.customers") == "dbserver1_inventory_customers"
+
+
+def test_hostile_table_mappings_are_refused(tmp_path: Path) -> None:
+    for name in ["x; drop table y", "Upper", "1abc", "a.b", "_cdc_dead_letters", "", "x`y"]:
+        path = tmp_path / "cdclake.yml"
+        path.write_text(yaml.safe_dump({"ingest": {"table_mapping": {"some.topic": name}}}))
+        with pytest.raises(ConfigError, match=r"ingest\.table_mapping"):
+            load_settings(path, environ={})
+
+
+def test_sql_built_from_names_quotes_what_is_not_plain(tmp_path: Path) -> None:
+    """Maintenance's procedure calls and scaffold's models take table names from bronze; a name that is not a plain
+    identifier is quoted, and a topic name only ever reaches YAML text, never SQL."""
+    from ingest.maintenance import table_argument
+    from ingest.scaffold import model_sql, model_yaml
+
+    assert table_argument("bronze", "t_2024") == "'bronze.t_2024'"
+    assert table_argument("bronze", "1_select") == "'bronze.`1_select`'"
+    assert table_argument("bronze", "we`ird") == "'bronze.`we``ird`'"
+    for topic in HOSTILE_TOPICS:
+        table = bronze_table_name(topic)
+        sql = model_sql(table, ["id"], "bronze")
+        assert sql.splitlines()[1] == f"select * from {{{{ source('bronze', '{table}') }}}}", (topic, sql)
+        document = model_yaml(table, ["id"], "bronze", topic)
+        assert yaml.safe_load(yaml.safe_dump(document)) == document  # the topic stays text
+
+
+@pytest.mark.spark
+def test_generated_table_names_parse_as_spark_identifiers(spark_lakehouse: SparkLakehouse) -> None:  # noqa: F811
+    """Every bronze name cdclake derives can be written unquoted in Spark SQL (dbt renders relations unquoted)."""
+    parser = spark_lakehouse.spark._jsparkSession.sessionState().sqlParser()
+    for topic in HOSTILE_TOPICS:
+        parser.parsePlan(f"select * from bronze.{bronze_table_name(topic)}")
