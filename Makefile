@@ -10,7 +10,7 @@ export TZ := UTC
 # pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint unit bench fixtures clean
+.PHONY: setup demo test test-slow lint unit bench fixtures clean
 
 setup: $(STAMP) $(RUNTIME_STAMP)
 
@@ -31,9 +31,14 @@ lint: $(STAMP)
 
 # dbt tests run in a process of their own: dbt's session adapter shares the process's SparkSession, so they get
 # a JVM that no other test has configured.
+# The long variants (marker `slow`: more trials of the same faults) run with `make test-slow`.
 test: setup lint
-	$(PY) -m pytest -m "not dbt" $(PYTEST_ARGS)
-	$(PY) -m pytest -m dbt $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not dbt and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "dbt and not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m "not dbt and slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "dbt and slow" $(PYTEST_ARGS)
 
 # Fast tests only (no JVM, no broker).
 unit: $(STAMP)
