@@ -461,6 +461,38 @@ def test_broker_outage_is_survived_and_reported(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.kafka
+def test_an_idle_topic_never_stalls_commits(broker: TansuBroker, tmp_path: Path) -> None:  # noqa: F811
+    """Field notes §4.5 (apache/iceberg#17811, #13633): a batch far below max_records is committed once
+    latency_threshold_s has passed, while another subscribed topic stays idle; then the roles swap."""
+    prefix = unique("idle") + "."
+    busy = retopic(build_stream("db2", seed=71, n_keys=5, n_changes=20).new_records, prefix)
+    later = retopic(build_stream("oracle", seed=72, n_keys=5, n_changes=20).new_records, prefix)
+    topics = sorted({r.topic for r in busy + later})
+    broker.create_topics(topics, exist_ok=True)
+    settings = kafka_settings(
+        tmp_path / "lake", broker, topics=topics, max_records=100_000, max_bytes=1 << 30, latency_threshold_s=1.0
+    )
+    root = tmp_path / "lake"
+    ingester = Cdclake(root / "cdclake.yml", "ingest", "--no-progress", root=root)
+    try:
+        assert ingester.wait_for("assigned ", timeout_s=60, times=len(topics)), f"no assignment:\n{ingester.tail()}"
+        waits = []
+        for wave in (busy, later):
+            delivered = publish(broker, wave, partitions=1)
+            waits.append(
+                wait_until(lambda: delivered <= set(bronze_coordinates(settings)), 30, "a small batch to be committed")
+            )
+        assert ingester.process.poll() is None, ingester.tail()
+        ingester.terminate()
+        assert ingester.wait(60) == 0, ingester.tail()
+    finally:
+        ingester.kill()
+    counts = bronze_coordinates(settings)
+    assert sum(counts.values()) == len(busy) + len(later) and max(counts.values()) == 1
+    print(f"idle topic: {len(busy)} + {len(later)} records committed {waits[0]:.1f}s / {waits[1]:.1f}s after publish")
+
+
 # -- 3. commit contention: two ingesters and dbt at once; a commit that keeps failing ----------------------------------
 @pytest.fixture(scope="module")
 def postgres_server() -> Iterator[Any]:
