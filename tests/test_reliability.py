@@ -9,12 +9,9 @@ pyiceberg against a plain-Python reference. Each subprocess gets a runtime direc
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import re
-import signal
 import sqlite3
-import subprocess
 import threading
 import time
 import urllib.error
@@ -35,7 +32,7 @@ from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, decode_offsets,
 from ingest.config import Settings, load_settings
 from ingest.debezium.envelope import RawRecord
 from ingest.fakes import build_stream, continue_stream
-from ingest.lakehouse import RUNTIME_DIR_ENV, load_catalog
+from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from ingest.sources.file import FileSource
 from tests.conftest import FIXTURES, make_settings
@@ -52,104 +49,14 @@ from tests.kafka_fixtures import (
     run_kafka,
     unique,
 )
+from tests.processes import Cdclake, run_cdclake, wait_until
 from tests.silver_harness import Change, SilverHarness, Topic
-from tests.test_crash import cdclake_command
-from tests.test_scaleout import isolated_runtime
 
 if TYPE_CHECKING:
     from ingest.testing.seaweed import SeaweedS3
 
-SUBPROCESS_TIMEOUT_S = 600.0
-
 
 # -- subprocesses -----------------------------------------------------------------------------------------------------
-def subprocess_env(root: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        RUNTIME_DIR_ENV: str(isolated_runtime(root)),
-        "TZ": "UTC",
-        "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
-    }
-
-
-class Cdclake:
-    """`cdclake --config CONFIG ARGS` as a child process; its output lines are collected by a reader thread."""
-
-    def __init__(self, config: Path, *args: str, root: Path, log_format: str = "json") -> None:
-        command = [cdclake_command(), "--config", str(config), "--log-format", log_format, *args]
-        self.process = subprocess.Popen(
-            command,
-            cwd=root,
-            env=subprocess_env(root),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        self.lines: list[str] = []
-        self.started = time.monotonic()
-        self._changed = threading.Condition()
-        self._done = False
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            with self._changed:
-                self.lines.append(raw.decode("utf-8", errors="replace"))
-                self._changed.notify_all()
-        with self._changed:
-            self._done = True
-            self._changed.notify_all()
-
-    def count(self, needle: str) -> int:
-        with self._changed:
-            return sum(needle in line for line in self.lines)
-
-    def wait_for(self, needle: str, timeout_s: float, times: int = 1) -> bool:
-        """Until ``needle`` appeared in ``times`` output lines (False on timeout or when the process ended)."""
-        with self._changed:
-            return self._changed.wait_for(
-                lambda: sum(needle in line for line in self.lines) >= times or self._done, timeout_s
-            ) and (sum(needle in line for line in self.lines) >= times)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-        self._reader.join(10)
-
-    def terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout_s: float = SUBPROCESS_TIMEOUT_S) -> int:
-        try:
-            code = self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-        self._reader.join(10)
-        return code
-
-    @property
-    def output(self) -> str:
-        with self._changed:
-            return "".join(self.lines)
-
-    def tail(self, lines: int = 30) -> str:
-        with self._changed:
-            return "".join(self.lines[-lines:])
-
-
-def run_cdclake(config: Path, *args: str, root: Path) -> str:
-    """Run `cdclake` to completion; fail the test with its output if it fails."""
-    process = Cdclake(config, *args, root=root, log_format="text")
-    code = process.wait()
-    assert code == 0, f"cdclake {' '.join(args)} failed ({code}):\n{process.tail(60)}"
-    return process.output
-
-
 def write_config(root: Path, raw: Mapping[str, Any], name: str = "cdclake.yml") -> tuple[Path, Settings]:
     root.mkdir(parents=True, exist_ok=True)
     path = root / name
@@ -337,15 +244,6 @@ def healthz(port: int) -> tuple[int, str]:
         return int(error.code), error.read().decode()
 
 
-def wait_until(condition: Any, timeout_s: float, what: str, interval_s: float = 0.2) -> float:
-    """Poll ``condition()`` until true; returns the seconds it took, fails the test with ``what`` on timeout."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout_s, f"timed out after {timeout_s:.0f}s waiting for {what}"
-        time.sleep(interval_s)
-    return time.monotonic() - started
-
-
 @contextmanager
 def durable_broker(root: Path) -> Iterator[tuple[SeaweedS3, TansuBroker]]:
     from ingest.broker import tansu_binary
@@ -480,16 +378,16 @@ def test_an_idle_topic_never_stalls_commits(broker: TansuBroker, tmp_path: Path)
         waits = []
         for wave in (busy, later):
             delivered = publish(broker, wave, partitions=1)
-            waits.append(
-                wait_until(lambda: delivered <= set(bronze_coordinates(settings)), 30, "a small batch to be committed")
-            )
+            landed = lambda wanted=delivered: wanted <= set(bronze_coordinates(settings))  # noqa: E731
+            waits.append(wait_until(landed, 30, "a small batch to be committed"))
         assert ingester.process.poll() is None, ingester.tail()
         ingester.terminate()
         assert ingester.wait(60) == 0, ingester.tail()
     finally:
         ingester.kill()
     counts = bronze_coordinates(settings)
-    assert sum(counts.values()) == len(busy) + len(later) and max(counts.values()) == 1
+    assert sum(counts.values()) == len(busy) + len(later)
+    assert max(counts.values()) == 1
     print(f"idle topic: {len(busy)} + {len(later)} records committed {waits[0]:.1f}s / {waits[1]:.1f}s after publish")
 
 

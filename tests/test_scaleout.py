@@ -35,10 +35,9 @@ from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, TableBatch, dec
 from ingest.config import Settings, load_settings
 from ingest.debezium.types import converter
 from ingest.demo import _after_schema, _normalize
-from ingest.errors import SetupError
 from ingest.fakes import build_stream, continue_stream
 from ingest.fakes.scenario import FakeStream
-from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, jdbc_catalog_conf, load_catalog, runtime_dir, spark_conf
+from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, jdbc_catalog_conf, load_catalog, spark_conf
 from ingest.testing.postgres import PrivatePostgres
 from ingest.testing.spark_cluster import SparkCluster, ThriftServer
 from tests.kafka_fixtures import (
@@ -51,7 +50,7 @@ from tests.kafka_fixtures import (
     retopic,
     unique,
 )
-from tests.test_crash import Ingester, cdclake_command
+from tests.processes import Cdclake, cdclake_command, ingester, isolated_runtime
 
 # Columns whose value is the time of the apply, different on every build.
 VOLATILE_COLUMNS = {"_cdc_applied_at", "_cdc_deleted_at"}
@@ -71,23 +70,6 @@ def postgres() -> Iterator[PrivatePostgres]:
 def cluster() -> Iterator[SparkCluster]:
     with SparkCluster(workers=2, cores=1, memory="1g") as running:
         yield running
-
-
-def isolated_runtime(root: Path) -> Path:
-    """A runtime directory with the project's jars and binaries, and a dbt profile and warehouse of its own."""
-    try:
-        from ingest.lakehouse import spark_jars
-
-        spark_jars()
-    except SetupError as exc:
-        pytest.skip(str(exc))
-    runtime = root / "runtime"
-    runtime.mkdir(parents=True, exist_ok=True)
-    for name in ("jars", "bin"):
-        link = runtime / name
-        if not link.exists():
-            link.symlink_to(runtime_dir() / name)
-    return runtime
 
 
 def dbt_project_copy(root: Path) -> Path:
@@ -353,8 +335,8 @@ def _produce_slowly(target: TansuBroker, records: list[Record], delivered: set[C
         time.sleep(0.2)
 
 
-def _written(ingester: Ingester) -> int:
-    for line in reversed(ingester.lines):
+def _written(process: Cdclake) -> int:
+    for line in reversed(process.lines):
         if "ingested " in line and " written to " in line:
             return int(line.split(" written to ")[0].rsplit(" ", 1)[-1])
     return -1
@@ -397,7 +379,7 @@ def test_several_ingest_processes_in_one_group(
     config = lakehouse.root / "cdclake.yml"
     settings = lakehouse.settings()
     started = time.monotonic()
-    ingesters = [Ingester(config) for _ in range(3)]
+    ingesters = [ingester(config, lakehouse.root) for _ in range(3)]
     try:
         victim = ingesters[1]
         assert victim.wait_for_flushes(1, timeout_s=90), f"no flush from the second process:\n{victim.tail()}"
@@ -407,7 +389,7 @@ def test_several_ingest_processes_in_one_group(
         assert victim.process.poll() is None, f"the second process exited by itself:\n{victim.tail()}"
         victim.kill()
         killed_at = sum(bronze_coordinates(settings).values())
-        newcomer = Ingester(config)
+        newcomer = ingester(config, lakehouse.root)
         ingesters.append(newcomer)
         deadline = time.monotonic() + 90
         while not any("assigned " in line for line in newcomer.lines):
@@ -429,16 +411,16 @@ def test_several_ingest_processes_in_one_group(
             )
             time.sleep(1.0)
         landed_s = time.monotonic() - started
-        for ingester in ingesters:
-            if ingester is not victim:
-                ingester.process.terminate()
-        for ingester in ingesters:
-            if ingester is not victim:
-                code = ingester.wait(timeout_s=60)
-                assert code == 0, f"an ingest process failed ({code}):\n{ingester.tail()}"
+        for process in ingesters:
+            if process is not victim:
+                process.terminate()
+        for process in ingesters:
+            if process is not victim:
+                code = process.wait(timeout_s=60)
+                assert code == 0, f"an ingest process failed ({code}):\n{process.tail()}"
     finally:
-        for ingester in ingesters:
-            ingester.kill()
+        for process in ingesters:
+            process.kill()
 
     counts = bronze_coordinates(settings)
     lost, duplicated = lost_and_duplicated(delivered, counts)

@@ -29,9 +29,10 @@ from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from ingest.sources.file import FileSource
 from tests.kafka_fixtures import broker, unique  # noqa: F401 - the session fixture
+from tests.processes import Cdclake
 from tests.silver_harness import Change, Topic
 from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session fixture
-from tests.test_reliability import Cdclake, postgres_server, write_config  # noqa: F401 - a module fixture
+from tests.test_reliability import postgres_server, write_config  # noqa: F401 - a module fixture
 
 SASL_SECRET = "sasl-Pw-7d41f0c2"
 CATALOG_SECRET = "catalog-Pw-93be51aa"

@@ -196,7 +196,10 @@ class BronzeTables:
         table.metadata = table.metadata.model_copy(
             update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
         )
+        # The crash test kills the process between these two lines (data files written, catalog not yet updated).
+        log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
         with table.transaction() as transaction:
             transaction.append(data, snapshot_properties={OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
+        log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)
