@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 
 import orjson
 
-from ingest.fakes.connect import ENUM, JsonDict, field, schema
+from ingest.fakes.connect import ENUM, JsonDict, field, required, schema
 
 Row = dict[str, object]
 Op = Literal["c", "u", "d"]
@@ -91,6 +91,23 @@ def snapshot_field(style: SnapshotStyle, *, allowed: str, seed_default: bool = T
     if seed_default:
         return field("snapshot", schema("boolean", optional=True, default=False))
     return field("snapshot", schema("boolean", optional=True))
+
+
+def common_source_fields(
+    snapshot: JsonDict,
+    *,
+    clocks: tuple[str, ...] = ("ts_ms",),
+    location: tuple[str, ...] = ("db", "schema", "table"),
+) -> list[JsonDict]:
+    """The ``source`` fields every connector starts with: version, connector, name, clocks, snapshot, location."""
+    return [
+        required("string", "version"),
+        required("string", "connector"),
+        required("string", "name"),
+        *(required("int64", clock) for clock in clocks),
+        snapshot,
+        *(required("string", name) for name in location),
+    ]
 
 
 ALLOWED_V1 = "true,last,false"

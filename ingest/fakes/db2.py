@@ -9,8 +9,8 @@ connector, name, ts_ms, snapshot, db, schema, table, change_lsn, commit_lsn. LSN
 from __future__ import annotations
 
 from ingest.fakes import values as v
-from ingest.fakes.base import ALLOWED_V1, SnapshotStyle, snapshot_field
-from ingest.fakes.connect import Column, JsonDict, optional_string, required
+from ingest.fakes.base import ALLOWED_V1, SnapshotStyle, common_source_fields, snapshot_field
+from ingest.fakes.connect import Column, JsonDict, optional_string
 from ingest.fakes.relational import RelationalConnector, TxPositions
 
 VERSION = "1.7.0.Final"
@@ -52,14 +52,7 @@ class Db2Connector(RelationalConnector):
 
     def source_fields(self) -> list[JsonDict]:
         return [
-            required("string", "version"),
-            required("string", "connector"),
-            required("string", "name"),
-            required("int64", "ts_ms"),
-            snapshot_field(self.snapshot_style, allowed=ALLOWED_V1),
-            required("string", "db"),
-            required("string", "schema"),
-            required("string", "table"),
+            *common_source_fields(snapshot_field(self.snapshot_style, allowed=ALLOWED_V1)),
             optional_string("change_lsn"),
             optional_string("commit_lsn"),
         ]

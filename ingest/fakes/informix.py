@@ -11,8 +11,8 @@ from __future__ import annotations
 from random import Random
 
 from ingest.fakes import values as v
-from ingest.fakes.base import ALLOWED_V2, Row, SnapshotStyle, snapshot_field
-from ingest.fakes.connect import Column, JsonDict, field, optional_string, required, schema
+from ingest.fakes.base import ALLOWED_V2, Row, SnapshotStyle, common_source_fields, snapshot_field
+from ingest.fakes.connect import Column, JsonDict, field, optional_string, schema
 from ingest.fakes.relational import RelationalConnector, TxPositions
 from ingest.fakes.txmeta import TxMetaStyle
 
@@ -48,16 +48,9 @@ class InformixConnector(RelationalConnector):
 
     def source_fields(self) -> list[JsonDict]:
         return [
-            required("string", "version"),
-            required("string", "connector"),
-            required("string", "name"),
-            required("int64", "ts_ms"),
-            required("int64", "ts_us"),
-            required("int64", "ts_ns"),
-            snapshot_field(self.snapshot_style, allowed=ALLOWED_V2),
-            required("string", "db"),
-            required("string", "schema"),
-            required("string", "table"),
+            *common_source_fields(
+                snapshot_field(self.snapshot_style, allowed=ALLOWED_V2), clocks=("ts_ms", "ts_us", "ts_ns")
+            ),
             optional_string("commit_lsn"),
             optional_string("change_lsn"),
             optional_string("txId"),

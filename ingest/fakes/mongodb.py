@@ -30,6 +30,7 @@ from ingest.fakes.base import (
     SnapshotStyle,
     Statement,
     canonical_key,
+    common_source_fields,
     snapshot_field,
     snapshot_marker,
 )
@@ -123,14 +124,9 @@ class MongoDbConnector:
             name=UPDATE_DESCRIPTION,
         )
         source = [
-            required("string", "version"),
-            required("string", "connector"),
-            required("string", "name"),
-            required("int64", "ts_ms"),
-            snapshot_field(self.snapshot_style, allowed=ALLOWED_V1),
-            required("string", "db"),
-            required("string", "rs"),
-            required("string", "collection"),
+            *common_source_fields(
+                snapshot_field(self.snapshot_style, allowed=ALLOWED_V1), location=("db", "rs", "collection")
+            ),
             required("int32", "ord"),
             field("h", schema("int64", optional=True)),
             field("tord", schema("int64", optional=True)),

@@ -12,8 +12,8 @@ snapshot SCN, ``commit_scn``/``txId`` null.
 from __future__ import annotations
 
 from ingest.fakes import values as v
-from ingest.fakes.base import ALLOWED_V1, SnapshotStyle, snapshot_field
-from ingest.fakes.connect import Column, JsonDict, optional_string, required
+from ingest.fakes.base import ALLOWED_V1, SnapshotStyle, common_source_fields, snapshot_field
+from ingest.fakes.connect import Column, JsonDict, optional_string
 from ingest.fakes.relational import RelationalConnector, TxPositions
 
 VERSION = "1.5.0.Final"
@@ -48,14 +48,7 @@ class OracleConnector(RelationalConnector):
 
     def source_fields(self) -> list[JsonDict]:
         return [
-            required("string", "version"),
-            required("string", "connector"),
-            required("string", "name"),
-            required("int64", "ts_ms"),
-            snapshot_field(self.snapshot_style, allowed=ALLOWED_V1),
-            required("string", "db"),
-            required("string", "schema"),
-            required("string", "table"),
+            *common_source_fields(snapshot_field(self.snapshot_style, allowed=ALLOWED_V1)),
             optional_string("txId"),
             optional_string("scn"),
             optional_string("commit_scn"),
