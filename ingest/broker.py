@@ -18,19 +18,18 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from ingest.child_process import ChildProcess
 from ingest.errors import CdclakeError, SetupError
 from ingest.lakehouse import runtime_dir
 
@@ -106,22 +105,21 @@ class TansuBroker:
         self.storage_engine = storage_engine
         self.env = dict(env or {})
         self.startup_timeout_s = startup_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._child: ChildProcess | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @property
     def bootstrap_servers(self) -> str:
-        if self.port is None or self._process is None:
+        if self.port is None or self._child is None:
             raise BrokerError("the broker is not running: start() it first")
         return f"127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._child is not None and self._child.running
 
     def start(self) -> TansuBroker:
-        if self._process is not None:
+        if self._child is not None:
             return self
         binary = self.binary or tansu_binary()
         fixed_port = self.port is not None
@@ -147,23 +145,9 @@ class TansuBroker:
 
     def _spawn(self, binary: Path, port: int) -> None:
         url = f"tcp://127.0.0.1:{port}"
-        self._log = tempfile.TemporaryFile(prefix="tansu-")  # noqa: SIM115 - closed in stop()
-        self._process = subprocess.Popen(
-            [
-                str(binary),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                self.storage_engine,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env},
-            start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop the broker in order
+        command = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url]
+        self._child = ChildProcess(
+            [*command, "--storage-engine", self.storage_engine], env={**os.environ, **self.env}, log_prefix="tansu-"
         )
         self.port = port
 
@@ -172,9 +156,9 @@ class TansuBroker:
         assert self.port is not None
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise BrokerError(f"tansu exited with code {self._process.returncode}")
+            assert self._child is not None
+            if not self._child.running:
+                raise BrokerError(f"tansu exited with code {self._child.returncode}")
             if time.monotonic() > deadline:
                 raise BrokerError("timed out")
             try:
@@ -192,26 +176,14 @@ class TansuBroker:
                     raise BrokerError("timed out waiting for metadata") from None
                 time.sleep(0.05)
 
-    def _output_tail(self, limit: int = 2000) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read().decode("utf-8", errors="replace")[-limit:].strip()
+    def _output_tail(self) -> str:
+        return "" if self._child is None else self._child.output_tail()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate the broker; kill it if it has not exited after ``timeout_s``."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(timeout_s)
 
     def __enter__(self) -> TansuBroker:
         return self.start()

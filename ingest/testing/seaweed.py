@@ -14,14 +14,11 @@ identity, so Tansu signs its requests with them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO
 
+from ingest.child_process import ChildProcess
 from ingest.errors import CdclakeError, SetupError
 
 log = logging.getLogger(__name__)
@@ -96,8 +93,7 @@ class SeaweedS3:
         self._data_dir = data_dir
         self._owns_dir = data_dir is None
         self.ports: dict[str, int] = {}
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._child: ChildProcess | None = None
 
     # -- what clients need -------------------------------------------------------------------------------------
     @property
@@ -128,11 +124,11 @@ class SeaweedS3:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._child is not None and self._child.running
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> SeaweedS3:
-        if self._process is not None:
+        if self._child is not None:
             return self
         binary = self.binary or weed_binary()
         if self._data_dir is None:
@@ -173,17 +169,8 @@ class SeaweedS3:
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
         ]
-        self._log = tempfile.TemporaryFile(prefix="weed-")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-        self._process = subprocess.Popen(
-            command,
-            cwd=self._data_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        self._child = ChildProcess(command, env=env, log_prefix="weed-", cwd=self._data_dir)
 
     def _wait_ready(self) -> None:
         """The bucket exists in the filer, and a write through the filer lands (the volume server is up)."""
@@ -191,9 +178,9 @@ class SeaweedS3:
         filer = f"http://127.0.0.1:{self.ports['filer']}"
         bucket_ok = written = False
         while True:
-            assert self._process is not None
-            if self._process.poll() is not None:
-                raise SeaweedError(f"weed exited with code {self._process.returncode}")
+            assert self._child is not None
+            if not self._child.running:
+                raise SeaweedError(f"weed exited with code {self._child.returncode}")
             if time.monotonic() > deadline:
                 raise SeaweedError(f"not ready within {self.startup_timeout_s:.0f}s")
             try:
@@ -210,27 +197,14 @@ class SeaweedS3:
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
 
-    def _output_tail(self, limit: int = 2000) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read().decode("utf-8", errors="replace")[-limit:].strip()
+    def _output_tail(self) -> str:
+        return "" if self._child is None else self._child.output_tail()
 
     def _terminate(self, timeout_s: float = 15.0) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        # weed mini's services are its children: stop the whole process group.
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(timeout_s, whole_group=True)
 
     def stop(self) -> None:
         """Stop the server; remove its data directory if it made it. Safe to call twice."""
