@@ -324,7 +324,8 @@ def test_broker_outage_is_survived_and_reported(tmp_path: Path) -> None:
             stopped = time.monotonic()
             wait_until(lambda: healthz(port)[0] == 503, 30, "/healthz to fail for an idle ingester with no broker")
             detected_s = time.monotonic() - stopped
-            assert detected_s >= unhealthy_after_s - 0.5, f"unhealthy after only {detected_s:.1f}s"
+            # The clock runs from the last progress, which an idle ingester reports once per poll (1 s).
+            assert detected_s >= unhealthy_after_s - 1.5, f"unhealthy after only {detected_s:.1f}s"
             assert detected_s < SESSION_TIMEOUT_S - 1, f"unhealthy only after {detected_s:.1f}s (group session expiry)"
             status, body = healthz(port)
             assert status == 503
