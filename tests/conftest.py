@@ -6,9 +6,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from ingest.bronze.tables import BronzeTables
 from ingest.config import Settings, load_settings
+from ingest.lakehouse import load_catalog
+from ingest.pipeline import Pipeline
+from ingest.sources.file import FileSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("TZ", "UTC")
@@ -32,3 +37,26 @@ def make_settings(root: Path, **sections: Any) -> Settings:
 @pytest.fixture
 def lakehouse(tmp_path: Path) -> Path:
     return tmp_path / "lakehouse"
+
+
+def file_pipeline(settings: Settings, path: Path, **overrides: Any) -> Pipeline:
+    """The pipeline `cdclake ingest` builds for a file source (``overrides``: ingest settings)."""
+    ingest = settings.ingest.model_copy(update=overrides)
+    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
+    return Pipeline(ingest, tables, FileSource(path))
+
+
+def ingest_file(settings: Settings, path: Path, **overrides: Any) -> Pipeline:
+    """What `cdclake ingest --once` does with a file source, in process."""
+    pipeline = file_pipeline(settings, path, **overrides)
+    pipeline.run(once=True)
+    return pipeline
+
+
+def topic_counts(path: Path) -> dict[str, int]:
+    """Records per topic in a kcat -J dump."""
+    counts: dict[str, int] = {}
+    for line in path.read_bytes().splitlines():
+        topic = orjson.loads(line)["topic"]
+        counts[topic] = counts.get(topic, 0) + 1
+    return counts

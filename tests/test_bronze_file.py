@@ -13,27 +13,9 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, decode_offsets
 from ingest.config import Settings
 from ingest.lakehouse import load_catalog
-from ingest.pipeline import Pipeline
-from ingest.sources.file import FileSource
-from tests.conftest import FIXTURES, make_settings
+from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
-
-
-def run_file(settings: Settings, path: Path, **overrides: Any) -> Pipeline:
-    ingest = settings.ingest.model_copy(update=overrides)
-    tables = BronzeTables(load_catalog(settings), "bronze")
-    pipeline = Pipeline(ingest, tables, FileSource(path))
-    pipeline.run(once=True)
-    return pipeline
-
-
-def topic_counts(path: Path) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for line in path.read_bytes().splitlines():
-        topic = orjson.loads(line)["topic"]
-        counts[topic] = counts.get(topic, 0) + 1
-    return counts
 
 
 def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
@@ -42,9 +24,9 @@ def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
 
 def test_real_postgres_stream_lands_once(lakehouse: Path) -> None:
     settings = make_settings(lakehouse)
-    first = run_file(settings, PG_DUMP, max_records=7)  # several flushes
+    first = ingest_file(settings, PG_DUMP, max_records=7)  # several flushes
     assert first.stats.flushes > 1
-    again = run_file(settings, PG_DUMP)  # a restart: everything is already in bronze
+    again = ingest_file(settings, PG_DUMP)  # a restart: everything is already in bronze
     assert again.stats.written == 0
 
     customers = rows(settings, "dbserver1_inventory_customers")
@@ -70,7 +52,7 @@ def test_real_postgres_stream_lands_once(lakehouse: Path) -> None:
 
 def test_typed_values_become_real_types(lakehouse: Path) -> None:
     settings = make_settings(lakehouse)
-    run_file(settings, PG_DUMP)
+    ingest_file(settings, PG_DUMP)
     schema = load_catalog(settings).load_table("bronze.dbserver1_inventory_typed_values").schema()
     after = {field.name: str(field.field_type) for field in schema.find_field("after").field_type.fields}
     assert after["c_numeric"] == "decimal(12, 3)"
@@ -166,7 +148,7 @@ def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) ->
             ("p.s.t", 4, key(5), schema_record([ID, NAME], {"id": 5, "name": "z"}, 14)),
         ],
     )
-    run_file(settings, dump)
+    ingest_file(settings, dump)
     table = load_catalog(settings).load_table("bronze.p_s_t")
     after = table.schema().find_field("after").field_type
     assert {f.name: str(f.field_type) for f in after.fields} == {"id": "long", "name": "string"}
@@ -197,7 +179,7 @@ def test_type_conflict_can_stop_the_service(lakehouse: Path, tmp_path: Path) -> 
         ],
     )
     with pytest.raises(TypeConflictError, match=r"(before|after)\.name"):
-        run_file(settings, dump, on_type_conflict="fail")
+        ingest_file(settings, dump, on_type_conflict="fail")
 
 
 def test_bad_input_goes_to_dead_letters_and_the_rest_lands(lakehouse: Path, tmp_path: Path) -> None:
@@ -219,7 +201,7 @@ def test_bad_input_goes_to_dead_letters_and_the_rest_lands(lakehouse: Path, tmp_
             (hostile_topic, 0, {"id": 1}, good),
         ],
     )
-    pipeline = run_file(settings, dump)
+    pipeline = ingest_file(settings, dump)
     assert pipeline.stats.records_in == 9
     assert pipeline.stats.written + pipeline.stats.dead_letters == 9
     dead = {r["_cdc_offset"]: r["_cdc_error"] for r in rows(settings, DEAD_LETTER_TABLE) if r["_cdc_topic"] == "p.s.t"}
@@ -237,7 +219,7 @@ def test_bad_input_goes_to_dead_letters_and_the_rest_lands(lakehouse: Path, tmp_
     assert "x___drop_table_bronze_p_s_t____" in tables
     assert len(rows(settings, "p_s_t")) == 2
     # A restart re-reads nothing into either table.
-    again = run_file(settings, dump)
+    again = ingest_file(settings, dump)
     assert again.stats.written == 0
     assert again.stats.dead_letters == 0
 
@@ -249,7 +231,7 @@ def test_schemaless_records_keep_json_text(lakehouse: Path, tmp_path: Path) -> N
         tmp_path / "plain.jsonl",
         [("o.s.t", 0, {"ID": 1}, {"op": "c", "after": {"ID": 1, "N": 1.5}, "source": source, "ts_ms": 3})],
     )
-    run_file(settings, dump)
+    ingest_file(settings, dump)
     row = rows(settings, "o_s_t")[0]
     assert row["after"] == '{"ID":1,"N":1.5}'
     assert row["op"] == "c"
@@ -263,7 +245,7 @@ def test_seed_examples_land_typed(lakehouse: Path, source: str) -> None:
     the topic's last schema. MongoDB's carry fields the create's schema lacks: dead letters naming them."""
     settings = make_settings(lakehouse)
     dump = FIXTURES / "debezium" / "seeds" / f"{source}.jsonl"
-    pipeline = run_file(settings, dump)
+    pipeline = ingest_file(settings, dump)
     lines = len(dump.read_bytes().splitlines())
     assert pipeline.stats.written + pipeline.stats.dead_letters == lines
     if source == "mongodb":

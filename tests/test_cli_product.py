@@ -28,8 +28,6 @@ from ingest.maintenance import (
     spark_error_line,
     timestamp_literal,
 )
-from ingest.pipeline import Pipeline
-from ingest.sources.file import FileSource
 from ingest.status import (
     APPLIED_SNAPSHOT_PROPERTY,
     PartitionStatus,
@@ -37,7 +35,7 @@ from ingest.status import (
     collect_status,
     stale_problems,
 )
-from tests.conftest import FIXTURES, make_settings
+from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
 from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
 from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session SparkSession
 
@@ -47,23 +45,6 @@ CUSTOMERS_TOPIC = "dbserver1.inventory.customers"
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
-def ingest_file(settings: Settings, path: Path, **overrides: Any) -> Pipeline:
-    """What `cdclake ingest --once` does with a file source, in process (namespace from the settings)."""
-    ingest = settings.ingest.model_copy(update=overrides)
-    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
-    pipeline = Pipeline(ingest, tables, FileSource(path))
-    pipeline.run(once=True)
-    return pipeline
-
-
-def topic_counts(path: Path) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for line in path.read_bytes().splitlines():
-        topic = orjson.loads(line)["topic"]
-        counts[topic] = counts.get(topic, 0) + 1
-    return counts
-
-
 def extended_dump(path: Path, extra: int) -> Path:
     """The Postgres dump plus ``extra`` more customer changes at the next offsets (a stream that moved on)."""
     lines = PG_DUMP.read_bytes().splitlines()

@@ -16,8 +16,7 @@ from ingest.broker import Record, TansuBroker
 from ingest.cli import main as cli_main
 from ingest.errors import ConfigError
 from ingest.fakes import build_stream, continue_stream
-from ingest.sources.file import FileSource
-from tests.conftest import FIXTURES, make_settings
+from tests.conftest import FIXTURES, ingest_file, make_settings
 from tests.kafka_fixtures import (
     COORDINATES,
     broker,  # noqa: F401 - the session fixture
@@ -172,12 +171,8 @@ def test_real_postgres_stream_matches_the_file_source(
     via_kafka = kafka_settings(lakehouse / "kafka", broker, topics=sorted({r.topic for r in records}), max_records=7)
     run_kafka(via_kafka)
 
-    from ingest.bronze.tables import BronzeTables
-    from ingest.lakehouse import load_catalog
-    from ingest.pipeline import Pipeline
-
     via_file = make_settings(lakehouse / "file")
-    Pipeline(via_file.ingest, BronzeTables(load_catalog(via_file), "bronze"), FileSource(dump)).run(once=True)
+    ingest_file(via_file, dump)
 
     def contents(settings: Any) -> dict[str, list[dict[str, Any]]]:
         tables = bronze_rows(settings)

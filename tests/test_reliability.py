@@ -35,7 +35,7 @@ from ingest.fakes import build_stream, continue_stream
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from ingest.sources.file import FileSource
-from tests.conftest import FIXTURES, make_settings
+from tests.conftest import FIXTURES, file_pipeline, ingest_file, make_settings
 from tests.kafka_fixtures import (
     FAST_GROUP_JOIN,
     Coordinate,
@@ -594,10 +594,10 @@ def test_a_stale_writer_never_rewinds_offsets_or_writes_twice(tmp_path: Path) ->
     def bronze() -> Any:
         return load_catalog(settings).load_table("bronze.ifx_zombie_t")
 
-    zombie = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(stale))
+    zombie = file_pipeline(settings, stale)
     zombie.source.start(zombie.resolve)  # positions resolved now: nothing in bronze yet
     zombie.accept_batch(zombie.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
-    live = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(full))
+    live = file_pipeline(settings, full)
     live.run(once=True)
     assert decode_offsets(bronze().properties[OFFSETS_PROPERTY]) == {(topic.name, 0): 30}
 
@@ -618,7 +618,7 @@ def test_a_stale_writer_never_rewinds_offsets_or_writes_twice(tmp_path: Path) ->
 
     # A zombie holding only records the table already has commits nothing at all (no stale offsets rewritten).
     snapshots = len(table.snapshots())
-    again = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(stale))
+    again = file_pipeline(settings, stale)
     again.source.start(lambda _topic, _partition: None)  # as if it had resolved before everything landed
     again.accept_batch(again.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
     again.flush()
@@ -747,12 +747,10 @@ def test_bad_input_corpus_from_a_file(tmp_path: Path) -> None:
                 data = data.replace(pad["marker"].encode(), b"x" * pad["bytes"])
             out.write(data)
     settings = make_settings(tmp_path / "lake")
-    pipeline = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(dump))
-    pipeline.run(once=True)
+    pipeline = ingest_file(settings, dump)
     summary = check_bad_input(settings, cases, "", pipeline)
     # A restart re-reads nothing into any table, dead letters included.
-    again = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(dump))
-    again.run(once=True)
+    again = ingest_file(settings, dump)
     assert (again.stats.written, again.stats.dead_letters) == (0, 0)
     print(f"bad input via the file source: {summary}")
 

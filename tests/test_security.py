@@ -22,12 +22,9 @@ import yaml
 
 from ingest.broker import TansuBroker, free_port
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
-from ingest.bronze.tables import BronzeTables
 from ingest.config import load_settings
 from ingest.errors import ConfigError
-from ingest.lakehouse import load_catalog
-from ingest.pipeline import Pipeline
-from ingest.sources.file import FileSource
+from tests.conftest import ingest_file
 from tests.kafka_fixtures import broker, unique  # noqa: F401 - the session fixture
 from tests.processes import Cdclake
 from tests.silver_harness import Change, Topic
@@ -117,7 +114,7 @@ def test_secrets_never_reach_logs_errors_status_or_metrics(
     dump = root / "changes.jsonl"
     lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(5)])
     dump.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
-    Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), FileSource(dump)).run(once=True)
+    ingest_file(settings, dump)
 
     started = time.monotonic()
     ingesters = [
