@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from ingest.lakehouse import load_catalog
 from tests.silver_harness import Change, SilverHarness, Topic
 from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401
 
@@ -124,6 +125,21 @@ def test_truncate_removes_older_rows(harness: SilverHarness, dumps: Path) -> Non
         harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after-truncate"), Change(U, 1, 4, "before-truncate")], dumps
     )
     assert harness.silver(topic) == {3: "after-truncate"} == topic.expected()
+
+
+def test_a_truncate_is_one_commit_and_holds_for_later_units(harness: SilverHarness, dumps: Path) -> None:
+    topic = harness.topic("truncate_later")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    before = harness.silver_snapshot(topic)
+    apply(harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after")], dumps)
+    assert harness.silver(topic) == {3: "after"}
+    # One commit: a reader sees the rows before the truncate or the state after it with its changes, never between.
+    table = load_catalog(harness.settings).load_table(f"silver.{topic.table}")
+    assert [s.parent_snapshot_id for s in table.snapshots()].count(before) == 1
+    assert table.snapshot_by_id(harness.silver_snapshot(topic)).parent_snapshot_id == before
+    # Changes from before the truncate that arrive in a later unit of work stay void.
+    apply(harness, topic, [Change(U, 1, 4, "late"), Change(C, 4, 3, "late-insert"), Change(U, 3, 7, "after2")], dumps)
+    assert harness.silver(topic) == {3: "after2"} == topic.expected()
 
 
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:

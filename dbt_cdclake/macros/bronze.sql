@@ -82,12 +82,18 @@
 {%- endmacro %}
 
 
-{#- The bronze snapshot a silver table has applied up to, kept durably in the silver table's properties. -#}
-{% macro applied_snapshot(target) -%}
+{#- One property of a silver table (None if unset): where cdclake keeps what a table has applied. -#}
+{% macro silver_property(target, name) -%}
   {%- for row in run_query('show tblproperties ' ~ target).rows -%}
-    {%- if row[0] == 'cdclake.bronze_snapshot_id' %}{{ return(row[1]) }}{% endif -%}
+    {%- if row[0] == name %}{{ return(row[1]) }}{% endif -%}
   {%- endfor -%}
   {{ return(none) }}
+{%- endmacro %}
+
+
+{#- The bronze snapshot a silver table has applied up to, kept durably in the silver table's properties. -#}
+{% macro applied_snapshot(target) -%}
+  {{ return(cdclake.silver_property(target, 'cdclake.bronze_snapshot_id')) }}
 {%- endmacro %}
 
 

@@ -43,11 +43,11 @@
     {%- set layout = cdclake.silver_layout(bronze, input_sql) -%}
     {%- set winners = identifier ~ '__cdc_winners' -%}
     {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
-    {#- A truncate (op t) removes every row older than it; changes older than it are void. -#}
-    {%- set truncate_view = identifier ~ '__cdc_truncate' -%}
-    {% do run_query('create or replace temporary view ' ~ truncate_view ~ " as select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) as position from (" ~ input_sql ~ ") where op = 't'") %}
-    {%- set has_truncate = run_query('select position is not null from ' ~ truncate_view).rows[0][0] -%}
-    {%- set after_truncate = "true" if not has_truncate else (cdclake.position('w') ~ ' > (select position from ' ~ truncate_view ~ ')') -%}
+    {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
+        and in every later one (a late change from before a truncate must not bring its row back). -#}
+    {%- set previous = cdclake.silver_property(target, 'cdclake.truncated_before') if existing is not none else none -%}
+    {%- set truncate = cdclake.truncate_position(input_sql, previous) -%}
+    {%- set after_truncate = "true" if truncate is none else (cdclake.position('w') ~ ' > ' ~ truncate.literal) -%}
 
     {%- if existing is none -%}
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
@@ -71,11 +71,8 @@
       {% do run_query('drop view if exists ' ~ applicable) %}
       {#- Materialized once: the merges below change what a lazy view over silver would return. -#}
       {% do run_query('cache table ' ~ applicable ~ ' as ' ~ cdclake.applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate)) %}
-      {%- if has_truncate -%}
-        {% do run_query('delete from ' ~ target ~ ' t where ' ~ cdclake.position('t') ~ ' < (select position from ' ~ truncate_view ~ ')') %}
-      {%- endif -%}
       {%- call statement('main') -%}
-        {{ cdclake.silver_merge_sql(layout, applicable, target, delete_mode) }}
+        {{ cdclake.silver_merge_sql(layout, applicable, target, delete_mode, truncate if truncate and truncate.new else none) }}
       {%- endcall -%}
       {%- if delete_mode == 'hard' -%}
         {% do run_query(cdclake.tombstone_merge_sql(layout, applicable, tombstones)) %}
@@ -83,7 +80,7 @@
       {% do run_query('uncache table if exists ' ~ applicable) %}
       {% do run_query('drop view if exists ' ~ applicable) %}
     {%- endif -%}
-    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ (", 'cdclake.truncated_before' = '" ~ truncate.stored ~ "'" if truncate else "") ~ ")") %}
     {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
@@ -135,7 +132,31 @@
 {%- endmacro %}
 
 
-{% macro silver_merge_sql(layout, applicable, target, delete_mode) -%}
+{#-
+  The latest truncate that applies to this run: the newest `op t` of the unit of work, or the one a previous run
+  applied (stored in the silver table's properties as "<order,...>;<offset>"), whichever is newer. Returns none,
+  or {literal: a position to compare with, stored: its property text, new: whether this unit of work moved it}.
+-#}
+{% macro truncate_position(input_sql, previous) -%}
+  {%- set candidates = ["(select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) from (" ~ input_sql ~ ") where op = 't')"] -%}
+  {%- if previous -%}{% do candidates.append(cdclake.stored_position(previous)) %}{%- endif -%}
+  {%- set row = run_query("select concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
+  {%- if not row -%}{{ return(none) }}{%- endif -%}
+  {%- set stored = row[0][0] ~ ';' ~ row[0][1] -%}
+  {{ return({'literal': cdclake.stored_position(stored), 'stored': stored, 'new': stored != previous}) }}
+{%- endmacro %}
+
+
+{#- "<order,...>;<offset>" as a position literal (each part must be an integer: the text comes from a property). -#}
+{% macro stored_position(text) -%}
+  {%- set order, offset = text.split(';') -%}
+  {%- set parts = [] -%}
+  {%- for part in order.split(',') if part != '' %}{% do parts.append('cast(' ~ (part | int) ~ ' as bigint)') %}{% endfor -%}
+  named_struct('o', array({{ parts | join(', ') }}), 'r', 4, 'f', cast({{ offset | int }} as bigint))
+{%- endmacro %}
+
+
+{% macro silver_merge_sql(layout, applicable, target, delete_mode, truncate=none) -%}
   {%- set columns = cdclake.data_columns(layout) -%}
   {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
   merge into {{ target }} t
@@ -165,6 +186,10 @@
   {%- endif %}
     ({% for column in columns %}{{ cdclake.quote(column) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_applied_at{% if delete_mode == 'soft' %}, _cdc_deleted, _cdc_deleted_at{% endif %})
     values ({% for column in columns %}s.{{ cdclake.quote(column) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at{% if delete_mode == 'soft' %}, s._cdc_op = 'd', case when s._cdc_op = 'd' then current_timestamp() end{% endif %})
+  {%- if truncate is not none %}
+  {#- In the same commit as the changes: readers never see the truncate without what follows it. -#}
+  when not matched by source and {{ cdclake.position('t') }} < {{ truncate.literal }} then delete
+  {%- endif %}
 {%- endmacro %}
 
 
