@@ -118,6 +118,11 @@ class TansuBroker:
     def running(self) -> bool:
         return self._child is not None and self._child.running
 
+    @property
+    def pid(self) -> int | None:
+        """The broker's process id (the benchmark reads its CPU time), None when it is not running."""
+        return None if self._child is None else self._child.process.pid
+
     def start(self) -> TansuBroker:
         if self._child is not None:
             return self

@@ -120,6 +120,11 @@ class IngestSettings(_Section):
         default=10.0, gt=0, description="Flush at the latest this many seconds after the first buffered record."
     )
     writer_threads: int = Field(default=2, ge=1, le=64, description="Tables committed in parallel per flush.")
+    background_commit: bool = Field(
+        default=True,
+        description="Commit a full buffer in a background thread while the next one fills (one commit in flight at "
+        "most, so up to twice max_records / max_bytes are held).",
+    )
     table_mapping: dict[str, str] = Field(
         default_factory=dict, description="Topic -> bronze table name overrides (name without namespace)."
     )

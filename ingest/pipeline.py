@@ -15,10 +15,11 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from operator import attrgetter
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 POLL_BATCH = 5000
 # Below this many records a poll takes the per-record path (the columnar one has a fixed cost per group).
 FAST_PATH_MIN_RECORDS = 8
+_KEY, _VALUE = attrgetter("key"), attrgetter("value")
+_COORDINATES = ["_cdc_topic", "_cdc_partition"]
 
 
 @dataclass
@@ -61,6 +64,17 @@ class IngestStats:
     @property
     def rate(self) -> float:
         return self.records_in / max(time.monotonic() - self.started_at, 1e-9)
+
+
+def _batch_kind(kind: RecordKind) -> str:
+    """``TableBatch.kind`` of a table whose first records are of ``kind`` (as _accept_one names it)."""
+    return "change" if kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else kind.value
+
+
+def _partitions_of(table: pa.Table) -> set[tuple[str, int]]:
+    """The (topic, partition) pairs of a bronze Arrow table."""
+    pairs = table.select(_COORDINATES).group_by(_COORDINATES).aggregate([])
+    return set(zip(pairs["_cdc_topic"].to_pylist(), pairs["_cdc_partition"].to_pylist(), strict=True))
 
 
 class Pipeline:
@@ -95,6 +109,12 @@ class Pipeline:
         self._buffered_bytes = 0
         self._first_buffered_at: float | None = None
         self._lock = threading.RLock()
+        # Background commits (settings.background_commit): at most one buffer commits while the next one fills.
+        self._committer: ThreadPoolExecutor | None = None
+        self._in_flight: Future[dict[tuple[str, int], int]] | None = None
+        self._commit_error: BaseException | None = None
+        # Guards the read-modify-write of _committed, which the commit thread also updates.
+        self._committed_lock = threading.Lock()
         self._table_names: dict[str, str] = {}
         self._skips: dict[str, int] = {}
         self.fast_path = fast_path
@@ -109,22 +129,28 @@ class Pipeline:
     def _load_table_state(self, name: str) -> None:
         table = self.tables.load(name)
         if table is None:
-            self._committed[name], self._schemas[name], self._layouts[name] = {}, None, None
+            with self._committed_lock:
+                self._committed[name] = {}
+            self._schemas[name], self._layouts[name] = None, None
             return
         stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
-        self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
+        with self._committed_lock:
+            self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
         self._schemas[name] = normalized(table.schema().as_arrow())
         self._layouts[name] = table.properties.get(LAYOUT_PROPERTY)
         self._seen_schemas[name] = set()
 
     def _offsets(self, name: str) -> Offsets:
-        if name not in self._committed:
+        committed = self._committed.get(name)
+        if committed is None:
             self._load_table_state(name)
-        return self._committed[name]
+            committed = self._committed.get(name, {})
+        return committed
 
     def resolve(self, topic: str, partition: int) -> int | None:
         """Where a partition resumes: the offset its bronze table committed (fresh from the catalog)."""
         with self._lock:
+            self._finish_commit()  # a commit in flight first
             name = self.table_for(topic)
             self._load_table_state(name)
             self._load_table_state(DEAD_LETTER_TABLE)
@@ -168,50 +194,109 @@ class Pipeline:
             self._publish_skips()
 
     def _accept_columnar(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
-        """The fast path (ingest.bronze.columnar): typed change events of a poll are decoded and typed as Arrow
+        """The fast path (ingest.bronze.columnar): typed records of a poll are decoded and typed as Arrow
         columns per (table, schemas); records it does not keep go through :meth:`_accept_one`. The bookkeeping
         (schemas per topic, schema checks, dead letters, offsets) then runs record by record in poll order,
-        exactly as for the per-record path."""
+        exactly as for the per-record path (:meth:`_accept_in_order`); or, for the topics whose every record
+        the fast path kept, once per group with the same outcome (:meth:`_accept_groups`)."""
         names: list[str | None] = []
-        offsets: dict[str, Offsets] = {}  # the committed offsets of each table (loaded once, as _offsets does)
+        append = names.append
+        known: dict[str, tuple[str, Offsets]] = {}  # topic -> table, its committed offsets (loaded as _offsets does)
         for record in records:
             topic = record.topic
-            name = self._table_names.get(topic)
-            if name is None:
-                name = self._table_names[topic] = self.table_for(topic)
-            committed = offsets.get(name)
-            if committed is None:
-                committed = offsets[name] = self._offsets(name)
-            names.append(None if record.offset < committed.get((topic, record.partition), -1) else name)
+            table = known.get(topic)
+            if table is None:
+                name = self._table_names.get(topic)
+                if name is None:
+                    name = self._table_names[topic] = self.table_for(topic)
+                table = known[topic] = (name, self._offsets(name))
+            name, committed = table
+            append(None if committed and record.offset < committed.get((topic, record.partition), -1) else name)
         groups = self._batch_decoder.group(records, names)
         built: dict[int, Group] = {}
         for group in groups:
             if group is not None and id(group) not in built:
                 built[id(group)] = group
                 self._batch_decoder.build(group, records, ingested_at)
-        # Phase 3, in poll order: what _accept_one does after building a row, inlined for the fast rows.
+        whole, slow = self._split_topics(records, groups, list(built.values()))
+        if whole:
+            fast: Iterable[int] = range(len(records))
+            fast_records, fast_groups = records, groups
+            if slow is not None:
+                self._accept_in_order(records, groups, slow[1], slow[0], ingested_at)
+                fast = [index for index, group in enumerate(groups) if id(group) in whole]
+                fast_records, fast_groups = [records[index] for index in fast], [groups[index] for index in fast]
+            if self._accept_groups(fast_records, list(whole.values()), fast_groups):
+                return
+            self._accept_in_order(records, groups, list(whole.values()), fast, ingested_at)
+            return
+        self._accept_in_order(records, groups, list(built.values()), range(len(records)), ingested_at)
+
+    def _split_topics(
+        self, records: list[RawRecord], groups: list[Group | None], built: list[Group]
+    ) -> tuple[dict[int, Group], tuple[list[int], list[Group]] | None]:
+        """The groups that can be booked at once (by id), and the rest of the poll (positions, groups) for the loop.
+
+        Topics are independent in the bookkeeping unless they share a table: a topic whose every record the fast
+        path kept is booked per group (Debezium's data topics), the others record by record (its transaction
+        topic beside them), provided no table has records on both sides. Otherwise: nothing at once.
+        """
+        whole = {id(group): group for group in built if len(group.positions) == len(group.members)}
+        if sum(len(group.members) for group in whole.values()) == len(records):
+            return whole, None
+        slow_topics = {record.topic for record, group in zip(records, groups, strict=True) if id(group) not in whole}
+        changed = True
+        while changed:  # a group with a record of a slow topic is slow, and makes its other topics slow too
+            changed = False
+            for key, group in list(whole.items()):
+                topics = {topic for topic, _ in _partitions_of(group.table)}
+                if topics & slow_topics:
+                    del whole[key]
+                    slow_topics |= topics
+                    changed = True
+        slow_tables = {self._table_names[topic] for topic in slow_topics}
+        if not whole or any(group.name in slow_tables for group in whole.values()):
+            return {}, None
+        positions = [index for index, record in enumerate(records) if record.topic in slow_topics]
+        return whole, (positions, [group for group in built if id(group) not in whole])
+
+    def _accept_in_order(
+        self,
+        records: list[RawRecord],
+        groups: list[Group | None],
+        built: list[Group],
+        positions: Iterable[int],
+        ingested_at: dt.datetime,
+    ) -> None:
+        """Phase 3 for the records at ``positions`` (ascending), in poll order: what _accept_one does after building
+        a row, inlined for the fast rows (of ``built``, the groups these records belong to); the others go
+        through _accept_one."""
+        rows = {id(group): group.rows for group in built}
         topic_schemas = self._topic_schemas
         buffer = self._buffer
         buffered_bytes = 0
         buffered_records = 0
         done = 0  # records before this one are buffered (or dead letters): their rows must reach the batches
         try:
-            for done, record in enumerate(records):
+            for done in positions:
+                record = records[done]
                 group = groups[done]
-                row = None if group is None else group.rows.get(done)
+                row = None if group is None else rows[id(group)].get(done)
                 if group is None or row is None:
                     self._accept_one(record, ingested_at)
                     continue
                 name, schema = group.name, group.plan.schema
                 key_schema, value_schema = group.key_schema, group.value_schema
                 topic = record.topic
-                known = topic_schemas.get(topic)  # as _with_known_schema records them
-                if known is None:
-                    topic_schemas[topic] = (key_schema, value_schema)
-                elif (key_schema is not None and known[0] is not key_schema) or (
-                    value_schema is not None and known[1] is not value_schema
-                ):
-                    topic_schemas[topic] = (key_schema or known[0], value_schema or known[1])
+                kind = group.plan.kind
+                if kind is RecordKind.CHANGE:  # as _with_known_schema records them
+                    topic_schema = topic_schemas.get(topic)
+                    if topic_schema is None:
+                        topic_schemas[topic] = (key_schema, value_schema)
+                    elif (key_schema is not None and topic_schema[0] is not key_schema) or (
+                        value_schema is not None and topic_schema[1] is not value_schema
+                    ):
+                        topic_schemas[topic] = (key_schema or topic_schema[0], value_schema or topic_schema[1])
                 seen = self._seen_schemas.get(name)
                 if seen is None or id(schema) not in seen:
                     try:
@@ -224,7 +309,7 @@ class Pipeline:
                         continue
                 batch = buffer.get(name)
                 if batch is None:
-                    batch = buffer[name] = TableBatch(name, Layout.TYPED, "change")
+                    batch = buffer[name] = TableBatch(name, Layout.TYPED, _batch_kind(kind))
                 schemas = batch.schemas
                 if not schemas or (schemas[-1] is not schema and all(known is not schema for known in schemas)):
                     schemas.append(schema)
@@ -239,10 +324,74 @@ class Pipeline:
                 self._buffered_bytes += buffered_bytes
                 if self._first_buffered_at is None:
                     self._first_buffered_at = time.monotonic()
-            for group in built.values():
+            for group in built:
                 table = group.kept(done)
                 if table is not None and table.num_rows:
                     self._buffer[group.name].tables.append(table)
+
+    def _accept_groups(self, records: list[RawRecord], groups: list[Group], members: list[Group | None]) -> bool:
+        """Phase 3 for a poll whose every record the fast path kept (``groups`` in order of first appearance,
+        ``members[i]`` the group of record i): the per-record loop's bookkeeping, once per group where it can be.
+        Its outcome is the loop's: each group's schema is checked where the loop first meets it, a topic's last key
+        and value schemas win, and each partition's offset is its last record's. False, with only the passed
+        schema checks done (which the loop then finds done), when a schema check fails: the loop decides."""
+        for group in groups:
+            seen = self._seen_schemas.get(group.name)
+            if seen is None or id(group.plan.schema) not in seen:
+                try:
+                    self._check_schema(group.name, group.plan.schema, Layout.TYPED)
+                except DecodeError:
+                    return False
+        buffer = self._buffer
+        for group in groups:
+            batch = buffer.get(group.name)
+            if batch is None:
+                batch = buffer[group.name] = TableBatch(group.name, Layout.TYPED, _batch_kind(group.plan.kind))
+            schema, schemas = group.plan.schema, batch.schemas
+            if not schemas or (schemas[-1] is not schema and all(known is not schema for known in schemas)):
+                schemas.append(schema)
+        # Each partition's last offset and each topic's last key and value schema of a change event (one has a key
+        # schema exactly when it has a key, a value schema exactly when it has a value): from the end of the poll
+        # backwards, until every partition and topic the groups hold is found (usually in the last few records).
+        partitions: set[tuple[str, int]] = set()
+        topics: set[str] = set()  # of change events
+        for group in groups:
+            pairs = _partitions_of(group.table)
+            partitions |= pairs
+            if group.plan.kind is RecordKind.CHANGE:
+                topics |= {topic for topic, _ in pairs}
+        last_offsets: dict[tuple[str, int], int] = {}
+        key_schemas: dict[str, dict[str, Any] | None] = {}
+        value_schemas: dict[str, dict[str, Any] | None] = {}
+        for position in range(len(records) - 1, -1, -1):
+            topic, partition, offset, _timestamp, key, value = records[position]
+            if (topic, partition) not in last_offsets:
+                last_offsets[(topic, partition)] = offset
+            group = cast(Group, members[position])
+            if group.plan.kind is RecordKind.CHANGE:
+                if key is not None and topic not in key_schemas:
+                    key_schemas[topic] = group.key_schema
+                if value is not None and topic not in value_schemas:
+                    value_schemas[topic] = group.value_schema
+            if len(last_offsets) == len(partitions) and len(key_schemas) == len(value_schemas) == len(topics):
+                break
+        table_names = self._table_names
+        for (topic, partition), offset in last_offsets.items():
+            buffer[table_names[topic]].offsets[(topic, partition)] = offset + 1
+        for topic in topics:
+            known_key, known_value = self._topic_schemas.get(topic) or (None, None)
+            self._topic_schemas[topic] = (key_schemas.get(topic) or known_key, value_schemas.get(topic) or known_value)
+        # RawRecord.size, summed.
+        size = 64 * len(records)
+        size += sum(map(len, filter(None, map(_KEY, records)))) + sum(map(len, filter(None, map(_VALUE, records))))
+        self._buffered_records += len(records)
+        self._buffered_bytes += size
+        if self._first_buffered_at is None:
+            self._first_buffered_at = time.monotonic()
+        for group in groups:
+            if group.table.num_rows:
+                buffer[group.name].tables.append(group.table)
+        return True
 
     def _accept_one(self, record: RawRecord, ingested_at: dt.datetime) -> None:
         name = self._table_names.get(record.topic)
@@ -344,42 +493,89 @@ class Pipeline:
         )
 
     def flush(self) -> None:
+        """Commit what is buffered and wait for it (after the commit in flight, if there is one)."""
+        self._flush(wait=True)
+
+    def _flush(self, wait: bool) -> None:
+        """Hand the buffer to the commit; with ``wait`` False (and ``background_commit``), to the commit thread.
+
+        Commits land in buffer order: a buffer is only handed over once the commit before it has landed.
+        """
         with self._lock:
+            self._finish_commit()
             if not self._buffer:
                 return
-            started = time.monotonic()
             buffer, self._buffer = self._buffer, {}
             self._buffered_records = self._buffered_bytes = 0
             self._first_buffered_at = None
-            # Dead letters first: a crash before the data tables commit re-reads those records, and the dead
-            # letters among them are then recognised by the dead-letter table's offsets.
-            dead = buffer.pop(DEAD_LETTER_TABLE, None)
-            if dead is not None:
-                self._commit(dead)
-            batches = list(buffer.values())
-            if len(batches) == 1 or self.settings.writer_threads == 1:
-                for batch in batches:
-                    self._commit(batch)
-            else:
-                with ThreadPoolExecutor(max_workers=self.settings.writer_threads, thread_name_prefix="commit") as pool:
-                    for future in [pool.submit(self._commit, batch) for batch in batches]:
-                        future.result()
-            advisory: dict[tuple[str, int], int] = {}
-            for batch in [*batches, *([dead] if dead else [])]:
-                for tp, offset in batch.offsets.items():
-                    advisory[tp] = max(offset, advisory.get(tp, 0))
-            self.source.commit_advisory(advisory)
-            elapsed = time.monotonic() - started
-            self.metrics.flush_seconds.observe(elapsed)
-            self.metrics.last_commit.set_to_current_time()
-            self.metrics.progress()
-            self.stats.flushes += 1
-            log.info(
-                "flushed %d table(s) in %.2fs",
-                len(batches) + (dead is not None),
-                elapsed,
-                extra={"tables": sorted(b.name for b in batches), "seconds": round(elapsed, 3)},
-            )
+            if wait or not self.settings.background_commit:
+                self.source.commit_advisory(self._commit_buffer(buffer))
+                return
+            if self._committer is None:
+                self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
+            self._in_flight = self._committer.submit(self._commit_buffer, buffer)
+
+    def _finish_commit(self, block: bool = True) -> None:
+        """Collect the background commit (waiting for it unless ``block`` is False): tell the source how far it
+        got, or raise its error. After a failed commit nothing else is committed, here or later: the records
+        buffered since lie beyond records bronze does not have (a restart re-reads them all)."""
+        if self._commit_error is not None:
+            raise self._commit_error
+        future = self._in_flight
+        if future is None or (not block and not future.done()):
+            return
+        self._in_flight = None
+        try:
+            advisory = future.result()
+        except BaseException as error:
+            self._commit_error = error
+            raise
+        self.source.commit_advisory(advisory)
+
+    def _stop_committer(self) -> None:
+        """On the way out: let a commit in flight land (its error is logged, not raised over the one leaving)."""
+        future, self._in_flight = self._in_flight, None
+        if future is not None:
+            try:
+                future.result()
+            except Exception:
+                log.exception("the bronze commit in flight failed")
+        if self._committer is not None:
+            self._committer.shutdown()
+            self._committer = None
+
+    def _commit_buffer(self, buffer: dict[str, TableBatch]) -> dict[tuple[str, int], int]:
+        """Commit one flush's tables; returns the offsets to tell the source (advisory)."""
+        started = time.monotonic()
+        # Dead letters first: a crash before the data tables commit re-reads those records, and the dead
+        # letters among them are then recognised by the dead-letter table's offsets.
+        dead = buffer.pop(DEAD_LETTER_TABLE, None)
+        if dead is not None:
+            self._commit(dead)
+        batches = list(buffer.values())
+        if len(batches) == 1 or self.settings.writer_threads == 1:
+            for batch in batches:
+                self._commit(batch)
+        else:
+            with ThreadPoolExecutor(max_workers=self.settings.writer_threads, thread_name_prefix="commit") as pool:
+                for future in [pool.submit(self._commit, batch) for batch in batches]:
+                    future.result()
+        advisory: dict[tuple[str, int], int] = {}
+        for batch in [*batches, *([dead] if dead else [])]:
+            for tp, offset in batch.offsets.items():
+                advisory[tp] = max(offset, advisory.get(tp, 0))
+        elapsed = time.monotonic() - started
+        self.metrics.flush_seconds.observe(elapsed)
+        self.metrics.last_commit.set_to_current_time()
+        self.metrics.progress()
+        self.stats.flushes += 1
+        log.info(
+            "flushed %d table(s) in %.2fs",
+            len(batches) + (dead is not None),
+            elapsed,
+            extra={"tables": sorted(b.name for b in batches), "seconds": round(elapsed, 3)},
+        )
+        return advisory
 
     def _commit(self, batch: TableBatch) -> None:
         try:
@@ -388,14 +584,16 @@ class Pipeline:
             self.metrics.commit_failures.labels(batch.name).inc()
             raise
         if batch.name == DEAD_LETTER_TABLE:
-            self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)
+            with self._committed_lock:
+                self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)
             return
         self.stats.written += written
         self.stats.tables.add(batch.name)
         self.metrics.records_written.labels(batch.name).inc(written)
         # The commit may have evolved the schema, and other writers may have moved offsets: re-read the table's
         # state (offsets, schema) when its next record arrives.
-        self._committed.pop(batch.name, None)
+        with self._committed_lock:
+            self._committed.pop(batch.name, None)
 
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
         """Before partitions move to another process, commit what is buffered (rebalance callback)."""
@@ -422,7 +620,8 @@ class Pipeline:
                 if records:
                     self.accept_batch(records, dt.datetime.now(dt.UTC))
                 if self.flush_due():
-                    self.flush()
+                    self._flush(wait=False)
+                self._finish_commit(block=False)
                 if not records and self.source.caught_up():
                     self.metrics.progress()
                     if once:
@@ -432,6 +631,7 @@ class Pipeline:
                 self._update_lag()
             self.flush()
         finally:
+            self._stop_committer()
             self.source.close()
         return self.stats
 

@@ -1,4 +1,5 @@
-"""The fast path of decode + row building: a poll's typed change events become Arrow columns, group by group.
+"""The fast path of decode + row building: a poll's typed records (change events, tombstones, and Debezium's
+transaction-metadata BEGIN/END records) become Arrow columns, group by group.
 
 The per-record path (:class:`~ingest.debezium.envelope.Decoder` + :class:`~ingest.bronze.rows.RowBuilder`) is the
 reference; this module produces exactly the rows it would, or hands a record back to it.
@@ -8,10 +9,11 @@ Records are grouped by (bronze table, key schema, value schema), with the schema
 once by ``pyarrow.json`` with an explicit schema of the raw JSON types the Connect schema allows (strict: a string
 in an int column, a float in an int column or an unknown field fails the parse). A group that fails is bisected
 so that only the failing records leave it. Then the envelope checks, the ordering, the key check and the type
-conversions run column by column. Whatever the reference treats in a way the columns cannot tell apart (a null
-where a field could also be absent, a value it rejects or converts specially, NaN, -0.0, a position in an unusual
-form) sends that record back to the per-record path, which then decides, with the reference's exact reason if it
-is a dead letter. So this path only ever has to be right about the records it keeps.
+conversions run column by column (for transaction metadata: the BEGIN/END check and the conversions). Whatever
+the reference treats in a way the columns cannot tell apart (a null where a field could also be absent, a value it
+rejects or converts specially, NaN, -0.0, a position in an unusual form) sends that record back to the per-record
+path, which then decides, with the reference's exact reason if it is a dead letter. So this path only ever has to
+be right about the records it keeps.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from bisect import bisect_right
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -459,6 +461,7 @@ class Plan:
     key_checks: list[_KeyCheck]
     image_structs: frozenset[str]  # which of before/after are structs (the key check needs dicts)
     value_fields: dict[str, int]
+    kind: RecordKind = RecordKind.CHANGE  # CHANGE (change events, tombstones) or TRANSACTION (BEGIN/END records)
     backoff: int = 0
 
     def __post_init__(self) -> None:
@@ -482,8 +485,37 @@ def _int_family(data_type: Any) -> Any:
     return pa.int64() if pa.types.is_integer(data_type) else data_type
 
 
+def plan_kind(value_schema: dict[str, Any] | None) -> RecordKind:
+    """TRANSACTION for the value schema of Debezium's transaction-metadata records (``status`` and ``id``, no
+    ``op``), else CHANGE. Each record is still classified by its payload as ``envelope.decode`` does."""
+    if value_schema is not None and value_schema.get("type") == "struct":
+        fields = value_schema.get("fields")
+        names = {item.get("field") for item in fields if isinstance(item, dict)} if isinstance(fields, list) else set()
+        if {"status", "id"} <= names and "op" not in names:
+            return RecordKind.TRANSACTION
+    return RecordKind.CHANGE
+
+
+def _transaction_plan(
+    schema: pa.Schema, key: _Struct | None, value_schema: dict[str, Any], variable_scale: int
+) -> Plan:
+    value = _Struct(_struct_fields(value_schema, variable_scale, 0))
+    value_fields = {name: index for index, (name, _, _) in enumerate(value.fields)}
+    if _RESERVED & value_fields.keys():
+        raise _IneligibleError
+    for name in ("status", "id"):
+        node = value.fields[value_fields[name]][1]
+        if not (isinstance(node, _Same) and node.raw.equals(pa.string())):
+            raise _IneligibleError
+    return Plan(schema, key, value, [], frozenset(), value_fields, RecordKind.TRANSACTION)
+
+
 def make_plan(
-    schema: pa.Schema, key_schema: dict[str, Any] | None, value_schema: dict[str, Any] | None, variable_scale: int
+    schema: pa.Schema,
+    key_schema: dict[str, Any] | None,
+    value_schema: dict[str, Any] | None,
+    variable_scale: int,
+    kind: RecordKind = RecordKind.CHANGE,
 ) -> Plan | None:
     try:
         key = None
@@ -492,6 +524,9 @@ def make_plan(
             if not isinstance(key_node, _Struct):
                 raise _IneligibleError
             key = key_node
+        if kind is RecordKind.TRANSACTION:
+            assert value_schema is not None
+            return _transaction_plan(schema, key, value_schema, variable_scale)
         value = None
         images: dict[str, _Struct] = {}
         value_fields: dict[str, int] = {}
@@ -669,12 +704,27 @@ def _ordering(source: Any, source_node: _Struct) -> tuple[Any, Mask]:
     return pa.array(orders, pa.list_(pa.int64())), _or(bad, _rows_mask(length, bad_rows))
 
 
+_RANGE = [pa.array([], pa.int64())]  # 0, 1, 2, ... (grown on demand; arrays are immutable, so shared safely)
+
+
+def _range(length: int) -> Any:
+    known = _RANGE[0]
+    if len(known) < length:
+        known = _RANGE[0] = pa.array(range(max(length, 2 * len(known))), pa.int64())
+    return known.slice(0, length)
+
+
 def _list_column(components: list[Any], length: int) -> Any:
+    """A list<int64> column whose row i is [components[0][i], components[1][i], ...] (no nulls)."""
     width = len(components)
     values = pa.concat_arrays([component.cast(pa.int64()) for component in components])
     if width > 1:
-        values = values.take(pa.array([j * length + i for i in range(length) for j in range(width)], pa.int64()))
-    offsets = pa.array(range(0, (length + 1) * width, width), pa.int32())
+        # Row-major: element k of the list values is component k % width of row k // width.
+        index = _range(length * width)
+        row = pc.divide(index, width)
+        component = pc.subtract(index, pc.multiply(row, width))
+        values = values.take(pc.add(pc.multiply(component, length), row))
+    offsets = pc.multiply(_range(length + 1), width).cast(pa.int32())
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.int64()))
 
 
@@ -722,15 +772,20 @@ class Group:
     keys: list[bytes] = field(default_factory=list)
     payloads: list[bytes] = field(default_factory=list)
     table: Any = None  # the rows kept, in member order
-    rows: dict[int, int] = field(default_factory=dict)  # poll position -> row of ``table``
+    positions: list[int] = field(default_factory=list)  # the poll position of each row of ``table`` (ascending)
     dropped: list[int] = field(default_factory=list)  # rows of ``table`` that became dead letters after all
+
+    @property
+    def rows(self) -> dict[int, int]:
+        """Poll position -> row of ``table``."""
+        return {position: row for row, position in enumerate(self.positions)}
 
     def kept(self, before: int) -> Any:
         """The rows buffered: those of members at poll positions below ``before``, less the dropped ones."""
         table = self.table
         if table is None:
             return None
-        limit = sum(1 for position in self.rows if position < before)
+        limit = bisect_left(self.positions, before)
         if limit < table.num_rows:
             table = table.slice(0, limit)
         if not self.dropped:
@@ -754,12 +809,13 @@ class BatchDecoder:
         known = self._plans.get(identity)
         if known is not None and known[0] is key_schema and known[1] is value_schema:
             return known[2]
+        kind = plan_kind(value_schema)
         try:
-            schema = self.builder.schema_for(RecordKind.CHANGE, key_schema, value_schema)
+            schema = self.builder.schema_for(kind, key_schema, value_schema)
         except DecodeError:
             plan = None
         else:
-            plan = make_plan(schema, key_schema, value_schema, self.variable_scale)
+            plan = make_plan(schema, key_schema, value_schema, self.variable_scale, kind)
         if len(self._plans) >= 256:
             self._plans.clear()
         self._plans[identity] = (key_schema, value_schema, plan)
@@ -771,10 +827,11 @@ class BatchDecoder:
         groups: dict[tuple[str, int, int], Group] = {}
         out: list[Group | None] = []
         # Per topic: the key and value schema prefixes of its last record, checked before asking the splitter.
-        last: dict[tuple[str, bool], tuple[bytes, dict[str, Any], int]] = {}
+        last: dict[bool, dict[str, tuple[bytes, dict[str, Any], int]]] = {True: {}, False: {}}
+        last_key, last_value = last[True], last[False]
 
         def payload_of(topic: str, is_key: bool, data: bytes) -> tuple[dict[str, Any] | None, bytes]:
-            known = last.get((topic, is_key))
+            known = last[is_key].get(topic)
             if known is not None and data.startswith(known[0]) and len(data) - known[2] <= _DEEP_PAYLOAD:
                 _prefix, schema, start = known
                 if data[-1] != _CLOSE:
@@ -784,44 +841,91 @@ class BatchDecoder:
                 if found is None:
                     return None, b""
                 schema, start = found
-                last[(topic, is_key)] = (data[:start], schema, start)
+                last[is_key][topic] = (data[:start], schema, start)
             if data[start] != _OPEN:
                 return None, b""
             return schema, data[start:-1]
 
-        for position, record in enumerate(records):
+        # The loop below runs once per record. The usual case (the same topic as the record before, a document
+        # that starts with the prefix of that topic's last one) is written out inline, with that topic's prefixes
+        # in local variables; anything else takes payload_of and the dicts.
+        append = out.append
+        current_topic: str | None = None
+        heartbeat = False
+        key_prefix = value_prefix = b""
+        key_known: tuple[bytes, dict[str, Any], int] | None = None
+        value_known: tuple[bytes, dict[str, Any], int] | None = None
+        key_start = value_start = 0
+        group: Group | None = None
+        for position, (topic, _partition, _offset, _timestamp, key, value) in enumerate(records):
             name = names[position]
-            topic = record.topic
-            if name is None or topic.startswith(HEARTBEAT_PREFIX):
-                out.append(None)
+            if name is None:
+                append(None)
+                continue
+            if topic != current_topic:
+                current_topic, heartbeat = topic, topic.startswith(HEARTBEAT_PREFIX)
+                key_known, value_known = last_key.get(topic), last_value.get(topic)
+                key_prefix, key_start = (key_known[0], key_known[2]) if key_known else (b"", 0)
+                value_prefix, value_start = (value_known[0], value_known[2]) if value_known else (b"", 0)
+            if heartbeat:
+                append(None)
                 continue
             key_schema = value_schema = None
             key_payload = payload = b""
-            if record.key is not None:
-                key_schema, key_payload = payload_of(topic, True, record.key)
-                if key_schema is None:
-                    out.append(None)
-                    continue
-            if record.value is not None:
-                value_schema, payload = payload_of(topic, False, record.value)
-                if value_schema is None:
-                    out.append(None)
-                    continue
+            if key is not None:
+                if (
+                    key_known is not None
+                    and key.startswith(key_prefix)
+                    and key[-1] == _CLOSE
+                    and len(key) - key_start <= _DEEP_PAYLOAD
+                    and key[key_start] == _OPEN
+                ):
+                    key_schema, key_payload = key_known[1], key[key_start:-1]
+                else:
+                    key_schema, key_payload = payload_of(topic, True, key)
+                    key_known = last_key.get(topic)  # payload_of may have learned another prefix
+                    key_prefix, key_start = (key_known[0], key_known[2]) if key_known else (b"", 0)
+                    if key_schema is None:
+                        append(None)
+                        continue
+            if value is not None:
+                if (
+                    value_known is not None
+                    and value.startswith(value_prefix)
+                    and value[-1] == _CLOSE
+                    and len(value) - value_start <= _DEEP_PAYLOAD
+                    and value[value_start] == _OPEN
+                ):
+                    value_schema, payload = value_known[1], value[value_start:-1]
+                else:
+                    value_schema, payload = payload_of(topic, False, value)
+                    value_known = last_value.get(topic)
+                    value_prefix, value_start = (value_known[0], value_known[2]) if value_known else (b"", 0)
+                    if value_schema is None:
+                        append(None)
+                        continue
             elif key_schema is None:  # a tombstone without a key schema: JSON layout
-                out.append(None)
+                append(None)
                 continue
-            identity = (name, id(key_schema), id(value_schema))
-            group = groups.get(identity)
-            if group is None:
-                plan = self.plan(key_schema, value_schema)
-                if plan is None:
-                    out.append(None)
-                    continue
-                group = groups[identity] = Group(name, plan, key_schema, value_schema)
+            if (
+                group is None
+                or group.name != name
+                or group.key_schema is not key_schema
+                or group.value_schema is not value_schema
+            ):
+                identity = (name, id(key_schema), id(value_schema))
+                found = groups.get(identity)
+                if found is None:
+                    plan = self.plan(key_schema, value_schema)
+                    if plan is None:
+                        append(None)
+                        continue
+                    found = groups[identity] = Group(name, plan, key_schema, value_schema)
+                group = found
             group.members.append(position)
             group.keys.append(key_payload)
             group.payloads.append(payload)
-            out.append(group)
+            append(group)
         for group in groups.values():
             if group.plan.backoff:
                 group.plan.backoff -= 1
@@ -842,7 +946,7 @@ class BatchDecoder:
             log.exception(
                 "fast path failed for %d records of %s; decoding them one by one", len(group.members), group.name
             )
-            group.table, group.rows = None, {}
+            group.table, group.positions = None, []
 
     def _build(self, group: Group, records: list[RawRecord], ingested_at: dt.datetime) -> None:
         plan = group.plan
@@ -865,39 +969,38 @@ class BatchDecoder:
             values = _columns(_aligned(value_table, value_ok, ok))
         if key_table is not None:
             keys = _columns(_aligned(key_table, key_ok, ok))
-        members = [member for member, good in zip(group.members, ok, strict=True) if good]
-        key_payloads = [payload for payload, good in zip(group.keys, ok, strict=True) if good]
+        if all(ok):
+            members, key_payloads = group.members, group.keys
+        else:
+            members = [member for member, good in zip(group.members, ok, strict=True) if good]
+            key_payloads = [payload for payload, good in zip(group.keys, ok, strict=True) if good]
         length = len(members)
         arrays: dict[str, Any] = {}
         bad: Mask = None
 
-        chosen = [records[member] for member in members]
-        topics = [record.topic for record in chosen]
-        partitions = [record.partition for record in chosen]
-        offsets = [record.offset for record in chosen]
-        stamps = [record.timestamp_ms for record in chosen]
-        kafka_us: list[int | None] = [
-            None if ts is None or ts < 0 or ts >= _EXACT_KAFKA_MS else ts * 1000 for ts in stamps
-        ]
-        odd_rows: list[int] = []
-        for row, ts in enumerate(stamps):
-            if ts is not None and ts >= _EXACT_KAFKA_MS:
-                kafka_us[row] = _reference_kafka_us(ts)
-                if kafka_us[row] is None:
-                    odd_rows.append(row)
-        if plan.key is not None:
+        # The members' coordinates, column by column (a RawRecord is a tuple: zip transposes them in one go).
+        topics, partitions, offsets, stamps = list(zip(*[records[member] for member in members], strict=True))[:4]
+        kafka_us, odd_rows = _kafka_timestamps(stamps)
+        is_change = plan.kind is RecordKind.CHANGE
+        key_json = None
+        if plan.key is not None and is_change:
             key_json, odd_json = _key_json(plan.key, keys, key_payloads)
             odd_rows += odd_json
-        else:
+        elif is_change:
             key_json = pa.nulls(length, pa.string())
         bad = _rows_mask(length, odd_rows)
-        arrays["_cdc_topic"] = pa.array(topics, pa.string())
+        if topics.count(topics[0]) == length:  # one topic (the usual case): no string per row to convert
+            arrays["_cdc_topic"] = pa.repeat(pa.scalar(topics[0], pa.string()), length)
+        else:
+            arrays["_cdc_topic"] = pa.array(topics, pa.string())
         arrays["_cdc_partition"] = pa.array(partitions, pa.int32())
         arrays["_cdc_offset"] = pa.array(offsets, pa.int64())
-        arrays["_cdc_kafka_ts"] = pa.array(kafka_us, pa.int64()).cast(UTC_US)
+        arrays["_cdc_kafka_ts"] = kafka_us.cast(UTC_US)
         arrays["_cdc_ingested_at"] = pa.repeat(pa.scalar(ingested_at, UTC_US), length)
 
-        if plan.value is not None:
+        if not is_change:
+            bad = _or(bad, _validate_transaction(values))
+        elif plan.value is not None:
             op = values["op"]
             bad = _or(bad, _validate_change(plan, values, op))
             source_node = plan.value.fields[plan.value_fields["source"]][1]
@@ -909,7 +1012,8 @@ class BatchDecoder:
             arrays["_cdc_order"] = order
         else:
             arrays["_cdc_order"] = pa.nulls(length, pa.list_(pa.int64()))
-        arrays["_cdc_key_json"] = key_json
+        if key_json is not None:
+            arrays["_cdc_key_json"] = key_json
         if plan.key is not None:
             key_children, key_bad = plan.key.convert_children([keys[name] for name, _, _ in plan.key.fields], None)
             arrays["key"] = pa.StructArray.from_arrays(key_children, fields=list(plan.key.storage))
@@ -925,7 +1029,7 @@ class BatchDecoder:
             flags = bad.to_pylist()
             members = [member for member, flagged in zip(members, flags, strict=True) if not flagged]
         group.table = table
-        group.rows = {member: row for row, member in enumerate(members)}
+        group.positions = members
 
 
 # Field names orjson writes unescaped (and sorts as Python does).
@@ -990,6 +1094,23 @@ def _aligned(table: Any, parsed: list[bool], wanted: list[bool]) -> Any:
     return table.take(pa.array(indices, pa.int64()))
 
 
+def _kafka_timestamps(stamps: Sequence[int | None]) -> tuple[Any, list[int]]:
+    """``_cdc_kafka_ts`` in microseconds (int64) as the reference computes it (null for a negative or missing
+    timestamp), and the rows it cannot convert (far-future timestamps the reference rejects)."""
+    column = pa.array(stamps, pa.int64())
+    latest = pc.max(column).as_py()
+    if latest is None or latest < _EXACT_KAFKA_MS:
+        return pc.multiply(pc.if_else(pc.less(column, 0), pa.scalar(None, pa.int64()), column), 1000), []
+    kafka_us: list[int | None] = [None if ts is None or ts < 0 or ts >= _EXACT_KAFKA_MS else ts * 1000 for ts in stamps]
+    odd_rows: list[int] = []
+    for row, ts in enumerate(stamps):
+        if ts is not None and ts >= _EXACT_KAFKA_MS:
+            kafka_us[row] = _reference_kafka_us(ts)
+            if kafka_us[row] is None:
+                odd_rows.append(row)
+    return pa.array(kafka_us, pa.int64()), odd_rows
+
+
 def _reference_kafka_us(timestamp_ms: int) -> int | None:
     """The reference's float-based conversion, for far-future timestamps; None where it raises."""
     try:
@@ -997,6 +1118,13 @@ def _reference_kafka_us(timestamp_ms: int) -> int | None:
     except (ValueError, OverflowError, OSError):
         return None
     return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
+def _validate_transaction(values: dict[str, Any]) -> Mask:
+    """``envelope._decode``'s test for a transaction-metadata record (``status`` BEGIN or END, an ``id``): rows that
+    fail it, or whose ``id`` is null (absent or null: only the bytes tell), go back to the reference."""
+    status = pc.fill_null(pc.is_in(values["status"], value_set=pa.array(["BEGIN", "END"])), False)
+    return _flag(pc.or_(pc.invert(status), pc.is_null(values["id"])))
 
 
 def _validate_change(plan: Plan, values: dict[str, Any], op: Any) -> Mask:

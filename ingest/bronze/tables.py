@@ -23,6 +23,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from ingest.bronze.append import append
 from ingest.bronze.columnar import conform_table, drop_committed
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
@@ -178,9 +179,10 @@ class BronzeTables:
         rows = [row for row in batch.rows if row["_cdc_offset"] >= stored.get(_tp(row), -1)]  # type: ignore[operator]
         data = pa.Table.from_pylist(rows, schema=target)
         if batch.tables:
-            partitions = list(batch.offsets)
-            parts = [drop_committed(conform_table(part, target), stored, partitions) for part in batch.tables]
-            data = pa.concat_tables([data, *parts] if data.num_rows else parts)
+            parts = [conform_table(part, target) for part in batch.tables]
+            data = drop_committed(
+                pa.concat_tables([data, *parts] if data.num_rows else parts), stored, list(batch.offsets)
+            )
         merged = merge_offsets(stored, batch.offsets)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
@@ -199,7 +201,7 @@ class BronzeTables:
         # The crash test kills the process between these two lines (data files written, catalog not yet updated).
         log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
         with table.transaction() as transaction:
-            transaction.append(data, snapshot_properties={OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
+            append(transaction, data, {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
         log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -20,9 +20,12 @@ OPS = frozenset("cudrt")
 HEARTBEAT_PREFIX = "__debezium-heartbeat"
 
 
-@dataclass(frozen=True, slots=True)
-class RawRecord:
-    """A record as the broker (or a topic dump) hands it over, before any decoding."""
+class RawRecord(NamedTuple):
+    """A record as the broker (or a topic dump) hands it over, before any decoding.
+
+    A named tuple, not a frozen dataclass: one is built per Kafka message, and a tuple builds about three times
+    faster (a frozen dataclass sets each field through ``object.__setattr__``).
+    """
 
     topic: str
     partition: int

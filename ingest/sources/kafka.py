@@ -208,33 +208,53 @@ class KafkaSource:
         self._probe(timeout_s)
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         batch: list[RawRecord] = []
+        append = batch.append
+        eof_at: list[tuple[int, tuple[str, int]]] = []  # (records before it, partition) of each end-of-partition event
+        # The hot loop of the read stage, once per message: the accessor calls and one tuple, nothing else.
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    self._at_eof.add(_coordinates(message)[:2])
+                    eof_at.append((len(batch), _coordinates(message)[:2]))
                     continue
                 # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
                 if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
                 log.warning("kafka: %s", error.str())
                 continue
-            topic, partition, offset = _coordinates(message)
-            tp = (topic, partition)
-            self._at_eof.discard(tp)
-            self._positions[tp] = offset + 1
+            offset = message.offset()
             timestamp_type, timestamp = message.timestamp()
-            batch.append(
+            append(
                 RawRecord(
-                    topic=topic,
-                    partition=partition,
-                    offset=offset,
-                    timestamp_ms=timestamp if timestamp_type else None,
-                    key=message.key(),
-                    value=message.value(),
+                    message.topic(),  # type: ignore[arg-type]  # always set on a data message
+                    message.partition(),  # type: ignore[arg-type]
+                    -1 if offset is None else offset,
+                    timestamp if timestamp_type else None,
+                    message.key(),
+                    message.value(),
                 )
             )
+        self._note_positions(batch, eof_at)
         return batch
+
+    def _note_positions(self, batch: list[RawRecord], eof_at: list[tuple[int, tuple[str, int]]]) -> None:
+        """After a poll: each partition's next offset (its last record's + 1), and which partitions are at their end
+        (an end-of-partition event with no record of that partition after it)."""
+        last: dict[tuple[str, int], int] = {}  # partition -> position of its last record in the batch
+        wanted = len(self._assigned)
+        for position in range(len(batch) - 1, -1, -1):  # from the end: usually a few records find every partition
+            record = batch[position]
+            tp = (record.topic, record.partition)
+            if tp not in last:
+                last[tp] = position
+                self._positions[tp] = record.offset + 1
+                if wanted and len(last) >= wanted and all(assigned in last for assigned in self._assigned):
+                    break
+        for tp in last:
+            self._at_eof.discard(tp)
+        for before, tp in eof_at:
+            if last.get(tp, -1) < before:
+                self._at_eof.add(tp)
 
     def caught_up(self) -> bool:
         if self._unreachable is not None:

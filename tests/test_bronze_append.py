@@ -1,0 +1,148 @@
+"""Bronze's append (ingest.bronze.append) writes what pyiceberg's ``Transaction.append`` writes.
+
+Differential: the same flush is committed once through cdclake's append and once through pyiceberg's own, into
+two tables created alike; rows, data files (partition, record counts, column statistics), snapshot summaries and
+table properties must be equal. A flush across midnight takes pyiceberg's path and splits by day alike.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.table import Table, Transaction
+
+import ingest.bronze.tables as bronze_tables
+from ingest.bronze.append import _single_day
+from ingest.bronze.tables import BronzeTables
+from ingest.debezium.envelope import RawRecord
+from ingest.lakehouse import load_catalog
+from ingest.pipeline import Pipeline
+from tests.conftest import make_settings
+from tests.test_fast_path import PG_DUMP, fake_records, file_records
+
+MIDNIGHT = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+# Sizes differ with how the rows are chunked in memory; everything the files say about their rows must not.
+SIZE_KEYS = {"added-files-size", "total-files-size"}
+
+
+def pyiceberg_append(transaction: Transaction, data: Any, snapshot_properties: dict[str, str]) -> None:
+    transaction.append(data, snapshot_properties=snapshot_properties)
+
+
+def commit(root: Path, records: list[RawRecord], stamps: list[dt.datetime], ours: bool) -> dict[str, Table]:
+    """``records`` (spread over polls ingested at ``stamps``) committed in one flush, by ours or pyiceberg's append."""
+    settings = make_settings(root)
+    catalog = load_catalog(settings)
+    tables = BronzeTables(catalog, "bronze")
+    source: Any = type("NoSource", (), {"commit_advisory": lambda self, offsets: None})()
+    pipeline = Pipeline(settings.ingest, tables, source)
+    step = -(-len(records) // len(stamps))
+    for index, stamp in enumerate(stamps):
+        pipeline.accept_batch(records[index * step : (index + 1) * step], stamp)
+    with pytest.MonkeyPatch.context() as patch:
+        if not ours:
+            patch.setattr(bronze_tables, "append", pyiceberg_append)
+        pipeline.flush()
+    return {name: catalog.load_table(f"bronze.{name}") for name in tables.list_tables()}
+
+
+def describe(table: Table) -> dict[str, Any]:
+    rows = table.scan().to_arrow().to_pylist()
+    files = []
+    for task in table.scan().plan_files():
+        data_file = task.file
+        files.append(
+            (
+                str(data_file.partition),
+                data_file.record_count,
+                data_file.value_counts,
+                data_file.null_value_counts,
+                data_file.nan_value_counts,
+                data_file.lower_bounds,
+                data_file.upper_bounds,
+                data_file.file_format,
+            )
+        )
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    summary = {k: v for k, v in snapshot.summary.additional_properties.items() if k not in SIZE_KEYS}
+    summary.pop("cdclake.commit-id")
+    return {
+        "rows": sorted(rows, key=lambda r: (r["_cdc_topic"], r["_cdc_partition"], r["_cdc_offset"])),
+        "files": sorted(files, key=str),
+        "summary": summary,
+        "operation": snapshot.summary.operation,
+        "properties": table.properties,
+        "spec": table.spec(),
+    }
+
+
+@pytest.mark.parametrize("across_midnight", [False, True], ids=["one day", "across midnight"])
+def test_append_writes_what_pyiceberg_writes(tmp_path: Path, across_midnight: bool) -> None:
+    records = file_records(PG_DUMP) + fake_records("informix", 4, 2) + fake_records("oracle", 2, 3)
+    stamps = [MIDNIGHT - dt.timedelta(seconds=1), MIDNIGHT] if across_midnight else [MIDNIGHT, MIDNIGHT]
+    ours = commit(tmp_path / "ours", records, stamps, ours=True)
+    theirs = commit(tmp_path / "theirs", records, stamps, ours=False)
+    assert sorted(ours) == sorted(theirs)
+    days = set()
+    for name, table in theirs.items():
+        expected = describe(table)
+        assert describe(ours[name]) == expected, name
+        days.add(len({partition for partition, *_ in expected["files"]}))
+    assert days == ({1, 2} if across_midnight else {1})  # across midnight, some tables hold both days
+
+
+def test_single_day_needs_one_day_and_the_bronze_spec(tmp_path: Path) -> None:
+    records = fake_records("db2", 1, 1)
+    table = next(iter(commit(tmp_path, records, [MIDNIGHT], ours=True).values()))
+    data = table.scan().to_arrow()
+    transaction = table.transaction()
+    key = _single_day(transaction, data)
+    assert key is not None
+    assert key.partition[0] == (MIDNIGHT.date() - dt.date(1970, 1, 1)).days
+    assert _single_day(transaction, data.slice(0, 0)) is None
+    stamps = data["_cdc_ingested_at"].to_pylist()
+    stamps[-1] -= dt.timedelta(days=1)
+    column = data.schema.get_field_index("_cdc_ingested_at")
+    two_days = data.set_column(column, "_cdc_ingested_at", pa.array(stamps, data.schema.field(column).type))
+    assert _single_day(transaction, two_days) is None
+
+
+# -- background commits ---------------------------------------------------------------------------------------------
+def test_after_a_failed_background_commit_nothing_else_commits(tmp_path: Path) -> None:
+    """The commit thread fails on the third flush: run() raises that error, and no later buffer is committed (its
+    records lie beyond ones bronze does not have); a restart then lands everything exactly once."""
+    from ingest.errors import CommitError
+    from tests.conftest import FIXTURES, file_pipeline, ingest_file, topic_counts
+
+    settings = make_settings(tmp_path / "lake")
+    dump = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+    pipeline = file_pipeline(settings, dump, max_records=5)
+    assert pipeline.settings.background_commit
+    commits: list[str] = []
+    commit = pipeline.tables.commit
+
+    def failing(batch: Any) -> int:
+        commits.append(batch.name)
+        if len(commits) == 3:
+            raise CommitError("injected")
+        return commit(batch)
+
+    pipeline.tables.commit = failing  # type: ignore[method-assign]
+    with pytest.raises(CommitError, match="injected"):
+        pipeline.run(once=True)
+    assert len(commits) == 3  # nothing after the failed one
+    again = ingest_file(settings, dump)
+    catalog = load_catalog(settings)
+    landed: dict[str, list[int]] = {}
+    for name in catalog.list_tables("bronze"):
+        for row in catalog.load_table(name).scan().to_arrow().select(["_cdc_topic", "_cdc_offset"]).to_pylist():
+            landed.setdefault(row["_cdc_topic"], []).append(row["_cdc_offset"])
+    assert again.stats.records_in > 0
+    for topic, count in topic_counts(dump).items():
+        assert sorted(landed[topic]) == list(range(count)), topic  # every record once (dead letters included)
