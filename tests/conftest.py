@@ -60,3 +60,8 @@ def topic_counts(path: Path) -> dict[str, int]:
         topic = orjson.loads(line)["topic"]
         counts[topic] = counts.get(topic, 0) + 1
     return counts
+
+
+# Registered here, once: imported into each test module instead, pytest would make one session-scoped instance
+# per module, and all but the first would see a catalog the JVM does not point at.
+from tests.spark_fixtures import spark_lakehouse  # noqa: E402, F401

@@ -1,7 +1,9 @@
 """Real dbt on real Spark and Iceberg for silver tests: bronze via the ingest pipeline, silver via `dbt build`.
 
 Change events are Informix-shaped (ordering = commit_lsn, change_lsn) with schemas enabled. A plain-Python
-reference model says what silver must hold: per key the latest change over everything landed so far.
+reference model says what silver must hold: per key the latest change over everything landed so far
+(``Topic.expected``), or every version of each key for ``history='scd2'`` (``Topic.expected_history``).
+MongoDB-shaped events (``MongoTopic``) test the folding of partial updates into documents.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import itertools
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -54,13 +56,22 @@ def envelope_schema(name: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Change:
-    """One change to key ``id`` at position ``lsn`` (op c/u/d/r/t); ``v`` is the new value."""
+    """One change to key ``id`` at position ``lsn`` (op c/u/d/r/t); ``v`` is the new value.
+
+    ``n`` is the image's other column: the position by default, or a value (None: not carried, as an update under
+    Oracle PK-only supplemental logging leaves the columns it did not change).
+    """
 
     op: str
     id: int
     lsn: int
     v: str | None = None
     tombstone: bool = True  # a delete is followed by a tombstone, as Debezium does by default
+    n: int | Literal["lsn"] | None = "lsn"
+
+    @property
+    def n_value(self) -> int | None:
+        return self.lsn if self.n == "lsn" else self.n
 
     def position(self, offset: int) -> tuple[tuple[int, int], int, int]:
         return ((self.lsn, self.lsn), OP_RANK[self.op], offset)
@@ -83,7 +94,9 @@ class Topic:
         lines = []
         for change in changes:
             image = (
-                None if change.v is None and change.op in "dt" else {"id": change.id, "v": change.v, "n": change.lsn}
+                None
+                if change.v is None and change.op in "dt"
+                else {"id": change.id, "v": change.v, "n": change.n_value}
             )
             before = {"id": change.id, "v": None, "n": None} if change.op in "ud" else None
             payload = {
@@ -130,6 +143,187 @@ class Topic:
                 latest[change.id] = (position, change)
         return {key: change.v for key, (_, change) in latest.items() if change.op != "d"}
 
+    def expected_history(self, soft: bool = False) -> list[Version]:
+        """Reference model for history='scd2': every version of each key over everything landed.
+
+        A replay (same key, position, op and image) counts once, at its first offset. Versions are ordered by
+        (position, op rank, offset); each is valid until the key's next event. A truncate ends the versions open
+        at it. Deletes and truncates are rows of their own (markers) only with soft deletes.
+        """
+        first: dict[tuple[int, int, str, str | None], int] = {}
+        for change, offset in self.landed:
+            if change.op != "t":
+                identity = (change.id, change.lsn, change.op, change.v)
+                first[identity] = min(offset, first.get(identity, offset))
+        truncates: dict[int, int] = {}
+        for change, offset in self.landed:
+            if change.op == "t":
+                truncates[change.lsn] = min(offset, truncates.get(change.lsn, offset))
+        events: dict[int, list[tuple[tuple[int, int, int], str, str | None]]] = {}
+        for (key, lsn, op, v), offset in first.items():
+            events.setdefault(key, []).append(((lsn, OP_RANK[op], offset), op, v))
+        rows: list[Version] = []
+        for key, history in events.items():
+            history.sort()
+            for lsn, offset in sorted(truncates.items()):
+                position = (lsn, OP_RANK["t"], offset)
+                before = [event for event in history if event[0] < position]
+                if before and before[-1][1] in "cur":
+                    history.insert(len(before), (position, "t", None))
+            for index, (position, op, v) in enumerate(history):
+                following = history[index + 1] if index + 1 < len(history) else None
+                if op in "dt" and not soft:
+                    continue
+                valid_to = following[0][0] if following else None
+                rows.append(
+                    Version(key, position[0], position[2], op, None if op in "dt" else v, valid_to, following is None)
+                )
+        return sorted(rows)
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """One history row as the tests compare it (positions as the Informix LSN the harness writes)."""
+
+    id: int
+    valid_from: int
+    offset: int
+    op: str
+    v: str | None
+    valid_to: int | None
+    is_current: bool
+
+
+MONGO_KEY_SCHEMA = {
+    "type": "struct",
+    "optional": False,
+    "fields": [{"type": "string", "optional": False, "field": "id"}],
+}
+_JSON_TEXT = {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1}
+MONGO_ENVELOPE_SCHEMA = {
+    "type": "struct",
+    "optional": False,
+    "fields": [
+        {**_JSON_TEXT, "field": "after"},
+        {**_JSON_TEXT, "field": "patch"},
+        {**_JSON_TEXT, "field": "filter"},
+        {
+            "type": "struct",
+            "optional": True,
+            "field": "updateDescription",
+            "fields": [
+                {
+                    "type": "array",
+                    "items": {"type": "string", "optional": False},
+                    "optional": True,
+                    "field": "removedFields",
+                },
+                {**_JSON_TEXT, "field": "updatedFields"},
+                {
+                    "type": "array",
+                    "optional": True,
+                    "field": "truncatedArrays",
+                    "items": {
+                        "type": "struct",
+                        "optional": False,
+                        "fields": [
+                            {"type": "string", "optional": False, "field": "field"},
+                            {"type": "int32", "optional": False, "field": "size"},
+                        ],
+                    },
+                },
+            ],
+        },
+        {
+            "type": "struct",
+            "optional": False,
+            "field": "source",
+            "fields": [
+                {"type": "string", "optional": False, "field": "connector"},
+                {"type": "string", "optional": False, "field": "rs"},
+                {"type": "int64", "optional": False, "field": "ts_ms"},
+                {"type": "int32", "optional": False, "field": "ord"},
+            ],
+        },
+        {"type": "string", "optional": True, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class MongoChange:
+    """A MongoDB change event of document ``_id`` = ``id`` at cluster time (``sec``, ``ord``).
+
+    ``after`` is the full document (c, r, or an update in change_streams_update_full mode); an update without it
+    carries ``updated`` (updatedFields), ``removed`` and ``truncated`` (updateDescription), or an oplog ``patch``.
+    """
+
+    op: str
+    id: int
+    sec: int
+    ord: int = 1
+    after: dict[str, Any] | None = None
+    updated: dict[str, Any] | None = None
+    removed: list[str] | None = None
+    truncated: list[tuple[str, int]] | None = None
+    patch: dict[str, Any] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        description = None
+        if self.updated is not None or self.removed is not None or self.truncated is not None:
+            description = {
+                "removedFields": self.removed,
+                "updatedFields": None if self.updated is None else orjson.dumps(self.updated).decode(),
+                "truncatedArrays": None
+                if self.truncated is None
+                else [{"field": name, "size": size} for name, size in self.truncated],
+            }
+        return {
+            "after": None if self.after is None else orjson.dumps(self.after).decode(),
+            "patch": None if self.patch is None else orjson.dumps(self.patch).decode(),
+            "filter": None,
+            "updateDescription": description,
+            "source": {"connector": "mongodb", "rs": "rs0", "ts_ms": self.sec * 1000, "ord": self.ord},
+            "op": self.op,
+            "ts_ms": self.sec * 1000 + 5,
+        }
+
+
+@dataclass
+class MongoTopic:
+    """A MongoDB test topic (typed envelopes, or schemaless ones with ``schemas=False``)."""
+
+    name: str
+    schemas: bool = True
+    next_offset: int = 0
+
+    @property
+    def table(self) -> str:
+        return self.name.replace(".", "_")
+
+    def records(self, changes: list[MongoChange]) -> list[dict[str, Any]]:
+        lines = []
+        for change in changes:
+            key: dict[str, Any] = {"id": str(change.id)}
+            value: dict[str, Any] | None = change.payload()
+            if self.schemas:
+                key = {"schema": MONGO_KEY_SCHEMA, "payload": key}
+                value = {"schema": MONGO_ENVELOPE_SCHEMA, "payload": value}
+            for payload in [value, None] if change.op == "d" else [value]:
+                lines.append(
+                    {
+                        "topic": self.name,
+                        "partition": 0,
+                        "offset": self.next_offset,
+                        "ts": 1_700_000_000_000,
+                        "key": orjson.dumps(key).decode(),
+                        "payload": None if payload is None else orjson.dumps(payload).decode(),
+                    }
+                )
+                self.next_offset += 1
+        return lines
+
 
 class SilverHarness:
     _ids = itertools.count()
@@ -153,13 +347,19 @@ class SilverHarness:
     def topic(self, stem: str) -> Topic:
         return Topic(f"ifx.t{next(self._ids)}.{stem}")
 
-    def land(self, topic: Topic, changes: list[Change], dump_dir: Path) -> None:
-        path = dump_dir / f"{topic.table}-{topic.next_offset}.jsonl"
-        path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
+    def mongo_topic(self, stem: str, schemas: bool = True) -> MongoTopic:
+        return MongoTopic(f"mongo.t{next(self._ids)}.{stem}", schemas)
+
+    def land(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path) -> None:
+        self.land_lines(f"{topic.table}-{topic.next_offset}", topic.records(changes), dump_dir)
+
+    def land_lines(self, name: str, lines: list[dict[str, Any]], dump_dir: Path) -> None:
+        path = dump_dir / f"{name}.jsonl"
+        path.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
         tables = BronzeTables(load_catalog(self.settings), self.settings.lakehouse.bronze_namespace)
         Pipeline(self.settings.ingest, tables, FileSource(path)).run(once=True)
 
-    def write_model(self, topic: Topic, config: str = "") -> None:
+    def write_model(self, topic: Topic | MongoTopic, config: str = "") -> None:
         models = self.project / "models" / "silver"
         (models / f"{topic.table}.sql").write_text(
             f"{{{{ config(materialized='cdc_silver'{', ' + config if config else ''}) }}}}\n"
@@ -171,7 +371,7 @@ class SilverHarness:
             + "".join(f"      - name: {name}\n" for name in sources)
         )
 
-    def build(self, topic: Topic, *extra: str) -> bool:
+    def build(self, topic: Topic | MongoTopic, *extra: str) -> bool:
         return run_dbt(self.settings, ["build", "--select", topic.table, *extra])
 
     def silver(self, topic: Topic, where: str = "true") -> dict[int, str | None]:
@@ -179,6 +379,26 @@ class SilverHarness:
         ids = [row["id"] for row in rows]
         assert len(ids) == len(set(ids)), f"duplicate keys in silver.{topic.table}: {sorted(ids)}"
         return {row["id"]: row["v"] for row in rows}
+
+    def history(self, topic: Topic) -> list[Version]:
+        rows = self.spark.sql(
+            f"select id, v, _cdc_valid_from[0] as valid_from, _cdc_valid_to[0] as valid_to, _cdc_is_current,"
+            f" _cdc_op, _cdc_offset from silver.{topic.table}"
+        ).collect()
+        return sorted(
+            Version(
+                r["id"], r["valid_from"], r["_cdc_offset"], r["_cdc_op"], r["v"], r["valid_to"], r["_cdc_is_current"]
+            )
+            for r in rows
+        )
+
+    def rows(self, table: str, columns: str = "*", order: str = "1") -> list[dict[str, Any]]:
+        return [row.asDict() for row in self.spark.sql(f"select {columns} from {table} order by {order}").collect()]
+
+    def documents(self, topic: MongoTopic) -> dict[str, Any]:
+        """Silver's documents by key (parsed JSON)."""
+        rows = self.spark.sql(f"select id, _cdc_document from silver.{topic.table}").collect()
+        return {row["id"]: orjson.loads(row["_cdc_document"]) for row in rows}
 
     def silver_snapshot(self, topic: Topic) -> int:
         table = load_catalog(self.settings).load_table(f"silver.{topic.table}")

@@ -1,10 +1,8 @@
 """One lakehouse and one SparkSession for the whole pytest session (the JVM starts slowly; its conf is fixed).
 
-Use from a test module with::
-
-    from tests.spark_fixtures import spark_lakehouse  # noqa: F401
-
-and mark the tests ``@pytest.mark.spark``. Every Spark test shares this lakehouse, so give tables (or namespaces)
+tests/conftest.py registers the fixture once, so every module gets this one instance (imported into each module,
+pytest would make one per module, all sharing the first one's JVM and catalog). Ask for ``spark_lakehouse`` and
+mark the tests ``@pytest.mark.spark``. Every Spark test shares this lakehouse, so give tables (or namespaces)
 names of their own; ``SparkLakehouse.config()`` writes a cdclake.yml for the same lakehouse with other sections
 (a source, namespaces, ingest settings) for CLI runs in the same process.
 """

@@ -37,7 +37,7 @@ from ingest.status import (
 )
 from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
 from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
-from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session SparkSession
+from tests.spark_fixtures import SparkLakehouse
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
 CUSTOMERS = "dbserver1_inventory_customers"
@@ -450,7 +450,7 @@ TYPES_QUERY = (
 
 
 @pytest.fixture(scope="module")
-def sql_lake(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Settings]:  # noqa: F811
+def sql_lake(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Settings]:
     path, settings = spark_lakehouse.config(
         tmp_path_factory.mktemp("sql"), lakehouse={"bronze_namespace": "sqlcli_bronze"}
     )
@@ -548,7 +548,7 @@ def _files(settings: Settings, identifier: str) -> tuple[int, int]:
 
 
 @pytest.mark.spark
-def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:  # noqa: F811
+def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:
     config, settings = spark_lakehouse.config(
         tmp_path / "maintain", lakehouse={"bronze_namespace": "mt_bronze", "silver_namespace": "mt_silver"}
     )
@@ -612,7 +612,7 @@ def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse,
 
 
 @pytest.mark.spark
-def test_maintain_silver_applies_deletes(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:  # noqa: F811
+def test_maintain_silver_applies_deletes(spark_lakehouse: SparkLakehouse, tmp_path: Path) -> None:
     config, settings = spark_lakehouse.config(
         tmp_path / "maintain_silver", lakehouse={"bronze_namespace": "ms_bronze", "silver_namespace": "ms_silver"}
     )

@@ -28,7 +28,7 @@ from tests.conftest import ingest_file
 from tests.kafka_fixtures import broker, unique  # noqa: F401 - the session fixture
 from tests.processes import Cdclake
 from tests.silver_harness import Change, Topic
-from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401 - the session fixture
+from tests.spark_fixtures import SparkLakehouse
 from tests.test_reliability import postgres_server, write_config  # noqa: F401 - a module fixture
 
 SASL_SECRET = "sasl-Pw-7d41f0c2"
@@ -204,7 +204,7 @@ def test_sql_built_from_names_quotes_what_is_not_plain(tmp_path: Path) -> None:
 
 
 @pytest.mark.spark
-def test_generated_table_names_parse_as_spark_identifiers(spark_lakehouse: SparkLakehouse) -> None:  # noqa: F811
+def test_generated_table_names_parse_as_spark_identifiers(spark_lakehouse: SparkLakehouse) -> None:
     """Every bronze name cdclake derives can be written unquoted in Spark SQL (dbt renders relations unquoted)."""
     parser = spark_lakehouse.spark._jsparkSession.sessionState().sqlParser()
     for topic in HOSTILE_TOPICS:

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from ingest.lakehouse import load_catalog
 from tests.silver_harness import Change, SilverHarness, Topic
-from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: F401
+from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 
 @pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:  # noqa: F811
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
     harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
     harness.spark = spark_lakehouse.spark
     return harness

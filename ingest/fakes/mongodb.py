@@ -10,6 +10,10 @@ What makes it MongoDB rather than relational:
 - position is the cluster time: ``source.ts_ms`` = seconds * 1000 and ``ord`` = increment in that second. All
   events of one multi-document transaction share it (and ``lsid``/``txnNumber``), so ``transaction.total_order``
   (or the Kafka offset) orders them. Single writes are not transactions: no BEGIN/END, ``transaction: null``.
+
+``capture_mode="change_streams"`` (not the default) gives updates without ``after``: only ``updateDescription``,
+written as a driver's dotted-path update would show it (``address.city`` for one field of a sub-document, ``tags.3``
+for an element, ``truncatedArrays`` for a shortened array, ``removedFields`` for an unset field).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ TRUNCATED_ARRAY = "io.debezium.connector.mongodb.changestream.truncatedarray"
 _CITIES = (("Berlin", "10115"), ("Lyon", "69001"), ("Osaka", "530-0001"), ("Austin", "73301"), ("Pune", "411001"))
 _TAGS = ("vip", "newsletter", "b2b", "churn-risk", "beta")
 _MUTABLE = ("email", "balance", "visits", "address", "tags", "nickname")
+CAPTURE_MODES = ("change_streams_update_full", "change_streams")
 
 
 def document_id(key: int) -> object:
@@ -81,8 +86,11 @@ class MongoDbConnector:
     pk_change_is_one_statement = False  # _id is immutable: a "key change" is a delete plus an insert
     tx_style = TxMetaStyle(v2=False)
 
-    def __init__(self, snapshot_style: SnapshotStyle) -> None:
+    def __init__(self, snapshot_style: SnapshotStyle, capture_mode: str = "change_streams_update_full") -> None:
+        if capture_mode not in CAPTURE_MODES:
+            raise ValueError(f"capture_mode must be one of {CAPTURE_MODES}, not {capture_mode!r}")
         self.snapshot_style = snapshot_style
+        self.capture_mode = capture_mode
         self.clock_ms = BASE_MS
         self.proc_ms = BASE_MS
         self.sec = BASE_MS // 1000
@@ -292,9 +300,12 @@ class MongoDbConnector:
             elif op.op == "u":
                 assert op.before is not None
                 assert op.after is not None
-                current = looked_up[canonical_key(self.key_payload(row))]
-                after = None if current is None else dumps(current)
-                value = self._value("u", after, _update_description(op.before, op.after), source, ts, tx)
+                if self.capture_mode == "change_streams":
+                    value = self._value("u", None, _dotted_update_description(op.before, op.after), source, ts, tx)
+                else:
+                    current = looked_up[canonical_key(self.key_payload(row))]
+                    after = None if current is None else dumps(current)
+                    value = self._value("u", after, _update_description(op.before, op.after), source, ts, tx)
             else:
                 value = self._value("d", None, None, source, ts, tx)
             out.append(Emitted(self.data_topic, key, value, ts))
@@ -341,3 +352,37 @@ def _update_description(before: Row, after: Row) -> JsonDict:
         "updatedFields": dumps(updated) if updated else None,
         "truncatedArrays": None,
     }
+
+
+def _dotted_update_description(before: Row, after: Row) -> JsonDict:
+    """``updateDescription`` with dotted paths into sub-documents and arrays (``capture_mode="change_streams"``)."""
+    updated: dict[str, object] = {}
+    removed: list[str] = []
+    truncated: list[JsonDict] = []
+    _diff(before, after, "", updated, removed, truncated)
+    return {
+        "removedFields": removed or None,
+        "updatedFields": dumps(updated) if updated else None,
+        "truncatedArrays": truncated or None,
+    }
+
+
+def _diff(
+    before: Row, after: Row, prefix: str, updated: dict[str, object], removed: list[str], truncated: list[JsonDict]
+) -> None:
+    removed.extend(f"{prefix}{name}" for name in before if name not in after)
+    for name, value in after.items():
+        old = before.get(name)
+        path = f"{prefix}{name}"
+        if name in before and old == value:
+            continue
+        if isinstance(old, dict) and isinstance(value, dict) and value:
+            _diff(old, value, f"{path}.", updated, removed, truncated)
+        elif isinstance(old, list) and isinstance(value, list) and value:
+            if len(value) < len(old):
+                truncated.append({"field": path, "size": len(value)})
+            for index, item in enumerate(value):
+                if index >= len(old) or old[index] != item:
+                    updated[f"{path}.{index}"] = item
+        else:
+            updated[path] = value

@@ -26,8 +26,10 @@ REQUIRED_KINDS = ("insert", "update", "delete", "pk_change", "same_key", "multi_
 _WEIGHTS = {"insert": 2.0, "update": 4.0, "delete": 1.5, "pk_change": 0.5, "same_key": 1.0, "multi_row": 2.0}
 
 
-def make_connector(source: str, snapshot_style: SnapshotStyle = "seed") -> Connector:
-    """A fresh fake connector for ``source`` (one of :data:`SOURCES`)."""
+def make_connector(source: str, snapshot_style: SnapshotStyle = "seed", capture_mode: str | None = None) -> Connector:
+    """A fresh fake connector for ``source`` (one of :data:`SOURCES`); ``capture_mode`` is MongoDB's."""
+    if capture_mode is not None and source != "mongodb":
+        raise ValueError("capture_mode applies to the mongodb source only")
     if snapshot_style not in SNAPSHOT_STYLES:
         raise ValueError(f"snapshot_style must be one of {SNAPSHOT_STYLES}, not {snapshot_style!r}")
     if source == "db2":
@@ -37,7 +39,7 @@ def make_connector(source: str, snapshot_style: SnapshotStyle = "seed") -> Conne
     if source == "oracle":
         return OracleConnector(snapshot_style)
     if source == "mongodb":
-        return MongoDbConnector(snapshot_style)
+        return MongoDbConnector(snapshot_style, capture_mode or "change_streams_update_full")
     raise ValueError(f"unknown source {source!r}; expected one of {SOURCES}")
 
 
@@ -84,11 +86,13 @@ def build_stream(
     n_changes: int = 100,
     partitions: int = 1,
     snapshot_style: SnapshotStyle = "seed",
+    capture_mode: str | None = None,
 ) -> FakeStream:
     """Snapshot ``n_keys`` rows, then at least ``n_changes`` row changes in transactions.
 
     ``snapshot_style="seed"`` writes ``source.snapshot`` as the seeds' boolean; ``"enum"`` as the real
     connectors' ``io.debezium.data.Enum`` string (``"true"``/``"last"``/``"false"``, Informix also ``"first"``).
+    ``capture_mode`` (MongoDB only): ``"change_streams"`` gives updates without ``after`` (see the fake).
     """
     if n_keys < 0 or n_changes < 0:
         raise ValueError("n_keys and n_changes must be >= 0")
@@ -96,7 +100,7 @@ def build_stream(
         raise ValueError("partitions must be >= 1")
     state = ScenarioState(
         rng=Random(f"cdclake-fakes:{source}:{seed}"),  # noqa: S311 - reproducible fake data
-        connector=make_connector(source, snapshot_style),
+        connector=make_connector(source, snapshot_style, capture_mode),
         partitions=partitions,
         table={},
         deleted=[],

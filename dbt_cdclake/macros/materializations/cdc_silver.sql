@@ -1,5 +1,6 @@
 {#-
-  materialized='cdc_silver': a current-state table of one bronze table, maintained by net-effect apply.
+  materialized='cdc_silver': a current-state table of one bronze table, maintained by net-effect apply (or, with
+  history='scd2', the table's version history: see scd2.sql).
 
   The model's SQL selects from one bronze source (usually `select * from {{ source('bronze', 't') }}`; a where
   clause or extracted columns are fine). Each run applies the bronze snapshots added since the last run in ONE
@@ -9,7 +10,11 @@
   _cdc_deleted = true (delete_mode='soft').
 
   Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept),
-  ignore_null_updates (partial images: a null in an update keeps the silver value), tombstone_horizon_days.
+  ignore_null_updates (partial images: a null in an update keeps the key's previous value), tombstone_horizon_days,
+  history ('current', default | 'scd2': one row per version of each key, see scd2.sql).
+
+  Partial images (ignore_null_updates; MongoDB updates without a full document) are folded onto the key's previous
+  image before net effect (partial_images.sql), so every path below sees full images.
 -#}
 {% materialization cdc_silver, adapter='spark' %}
   {%- set identifier = model['alias'] -%}
@@ -19,6 +24,12 @@
   {%- set delete_mode = config.get('delete_mode', 'hard') -%}
   {%- if delete_mode not in ['hard', 'soft'] -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': delete_mode must be 'hard' or 'soft', not '" ~ delete_mode ~ "'") }}
+  {%- endif -%}
+  {%- set history = config.get('history', 'current') -%}
+  {%- if history not in ['current', 'scd2'] -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': history must be 'current' or 'scd2', not '" ~ history ~ "'") }}
+  {%- elif history == 'scd2' and config.get('tombstone_horizon_days') is not none -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
   {%- endif -%}
   {%- set bronze = cdclake.bronze_relation() -%}
 
@@ -30,6 +41,9 @@
     {% do run_query('drop table if exists ' ~ tombstones) %}
     {%- set existing = none -%}
   {%- endif -%}
+  {%- if existing is not none and cdclake.table_history(target) != history -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ cdclake.table_history(target) ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
+  {%- endif -%}
 
   {%- set end = cdclake.bronze_snapshot(bronze) -%}
   {%- set start = cdclake.applied_snapshot(target) if existing is not none else none -%}
@@ -37,10 +51,20 @@
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
+  {%- elif history == 'scd2' -%}
+    {%- set changes = cdclake.changes_view(bronze, start, end) -%}
+    {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
+    {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
+    {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode) -%}
+    {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
+    {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
+    {% do cdclake.drop_folded_images(changes) %}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
   {%- else -%}
     {%- set changes = cdclake.changes_view(bronze, start, end) -%}
+    {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
+    {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set input_sql = sql | replace(bronze | string, changes) -%}
-    {%- set layout = cdclake.silver_layout(bronze, input_sql) -%}
     {%- set winners = identifier ~ '__cdc_winners' -%}
     {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
@@ -80,6 +104,7 @@
       {% do run_query('uncache table if exists ' ~ applicable) %}
       {% do run_query('drop view if exists ' ~ applicable) %}
     {%- endif -%}
+    {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ (", 'cdclake.truncated_before' = '" ~ truncate.stored ~ "'" if truncate else "") ~ ")") %}
     {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
@@ -158,7 +183,6 @@
 
 {% macro silver_merge_sql(layout, applicable, target, delete_mode, truncate=none) -%}
   {%- set columns = cdclake.data_columns(layout) -%}
-  {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
   merge into {{ target }} t
   using {{ applicable }} s
   on {{ cdclake.key_match(layout.key_columns, 't', 's') }}
@@ -172,7 +196,7 @@
   {%- endif %}
   when matched and {{ newer }} then update set
     {%- for column in columns %}
-    t.{{ cdclake.quote(column) }} = {% if ignore_nulls and column not in layout.key_columns %}coalesce(s.{{ cdclake.quote(column) }}, t.{{ cdclake.quote(column) }}){% else %}s.{{ cdclake.quote(column) }}{% endif %},
+    t.{{ cdclake.quote(column) }} = s.{{ cdclake.quote(column) }},
     {%- endfor %}
     {%- if delete_mode == 'soft' %}
     t._cdc_deleted = false, t._cdc_deleted_at = null,

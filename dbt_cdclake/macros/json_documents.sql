@@ -1,0 +1,188 @@
+{#-
+  JSON documents edited in Spark SQL (no UDFs, so the same SQL runs through the Spark Thrift Server): what folds
+  MongoDB partial updates (updateDescription, legacy oplog patch) into the document silver holds.
+
+  Values are moved as raw JSON text, never through a typed parse, so a value keeps its JSON type ("1" stays a
+  string, 1 a number, {"$numberLong": "1"} an object). The trick: get_json_object on the document wrapped in
+  [ ] with a [*] path writes strings quoted, unlike a plain path. Numbers are copied by Jackson (1.10 becomes 1.1:
+  the same JSON value). Rebuilt objects are compact and keep their keys' order; a new key is appended.
+
+  An edit is a struct (op, path, value, size, event): op 'set' (value: raw JSON), 'unset', 'truncate' (size) or
+  'fail' (value: why); path: the dotted path split at dots; event: names the change event in error messages.
+  Paths go through objects (a missing one is created by 'set') and through arrays by index (a 'set' beyond the
+  end pads with null, as MongoDB does); 'unset' of a missing path changes nothing. Anything else (a path through
+  a scalar, a key Spark's JSON path syntax cannot name, a path that could also be a field named with dots) gives
+  an error naming the event instead of a document (json_error), with which the fold fails the run: a document is
+  never silently wrong.
+
+  The expressions are large: use them in a query that is analyzed once (the fold caches its result).
+-#}
+
+{#- The JSON text of string `k` as an object key (quoted, escaped). -#}
+{% macro json_quoted(k) -%}
+  substring(to_json(array({{ k }})), 2, length(to_json(array({{ k }}))) - 2)
+{%- endmacro %}
+
+
+{#- A get_json_object path reaching key `k` of the document wrapped in [ ]; null when Spark's path syntax cannot
+    name the key (a quote together with a dot or bracket, an empty key, a leading *). -#}
+{% macro json_key_path(k) -%}
+  case when {{ k }} <> '' and instr({{ k }}, chr(39)) = 0 then concat('$[*][', chr(39), {{ k }}, chr(39), ']')
+    when {{ k }} rlike '^[^.\\[*][^.\\[]*$' then concat('$[*].', {{ k }}) end
+{%- endmacro %}
+
+
+{#- The raw JSON of key `k` of object `c`, which has it ('null' for a JSON null). -#}
+{% macro json_member(c, k, event) -%}
+  element_at(transform(array({{ cdclake.json_key_path(k) }}), _cdc_path -> case
+    when _cdc_path is null then {{ cdclake.json_error(event, "concat('the key ', " ~ k ~ ", ' cannot be addressed in Spark SQL')") }}
+    else coalesce(get_json_object(concat('[', {{ c }}, ']'), _cdc_path), 'null') end), 1)
+{%- endmacro %}
+
+
+{#- The raw JSON of key `k` of object `c`; null when absent. -#}
+{% macro json_field(c, k, event) -%}
+  case when array_contains(json_object_keys({{ c }}), {{ k }}) then {{ cdclake.json_member(c, k, event) }} end
+{%- endmacro %}
+
+
+{#- The raw JSON of element `j` (0-based, present) of array `a`. -#}
+{% macro json_element(a, j) -%}
+  coalesce(get_json_object(concat('[', {{ a }}, ']'), concat('$[*][', {{ j }}, ']')), 'null')
+{%- endmacro %}
+
+
+{#- An error, as a value: text between two NUL characters, which JSON text never holds raw. It passes through the
+    edits that follow and comes out in the folded document (see json_error_message). -#}
+{% macro json_error(event, why) -%}
+  concat(chr(0), 'cannot fold the MongoDB update of ', {{ event }}, ': ', {{ why }}, chr(0))
+{%- endmacro %}
+
+
+{#- The first error in a folded document, null if none. -#}
+{% macro json_error_message(document) -%}
+  case when instr({{ document }}, chr(0)) > 0 then split({{ document }}, chr(0))[1] end
+{%- endmacro %}
+
+
+{#- Object `c` with key `k` set to raw JSON `v` (replaced in place, or appended). -#}
+{% macro json_object_set(c, k, v, event) -%}
+  {%- set x = '_cdc_x' -%}
+  case when array_contains(json_object_keys({{ c }}), {{ k }}) then
+      concat('{', array_join(transform(json_object_keys({{ c }}), {{ x }} -> concat({{ cdclake.json_quoted(x) }}, ':',
+        case when {{ x }} = {{ k }} then {{ v }} else {{ cdclake.json_member(c, x, event) }} end)), ','), '}')
+    when size(json_object_keys({{ c }})) = 0 then concat('{', {{ cdclake.json_quoted(k) }}, ':', {{ v }}, '}')
+    else concat(substring(rtrim({{ c }}), 1, length(rtrim({{ c }})) - 1), ',', {{ cdclake.json_quoted(k) }}, ':', {{ v }}, '}') end
+{%- endmacro %}
+
+
+{#- Object `c` without key `k`. -#}
+{% macro json_object_remove(c, k, event) -%}
+  {%- set x = '_cdc_x' -%}
+  case when array_contains(json_object_keys({{ c }}), {{ k }}) then
+      concat('{', array_join(transform(filter(json_object_keys({{ c }}), {{ x }} -> {{ x }} <> {{ k }}),
+        {{ x }} -> concat({{ cdclake.json_quoted(x) }}, ':', {{ cdclake.json_member(c, x, event) }})), ','), '}')
+    else {{ c }} end
+{%- endmacro %}
+
+
+{#- Array `a` with element `i` set to raw JSON `v`, padded with nulls up to it. -#}
+{% macro json_array_set(a, i, v) -%}
+  {%- set j = '_cdc_j' -%}
+  concat('[', array_join(transform(sequence(0, greatest(json_array_length({{ a }}), {{ i }} + 1) - 1), {{ j }} ->
+    case when {{ j }} = {{ i }} then {{ v }} when {{ j }} < json_array_length({{ a }}) then {{ cdclake.json_element(a, j) }} else 'null' end), ','), ']')
+{%- endmacro %}
+
+
+{#- Array `a` cut to its first `size` elements. -#}
+{% macro json_array_truncate(a, size) -%}
+  {%- set j = '_cdc_t' -%}
+  case when least(json_array_length({{ a }}), {{ size }}) <= 0 then '[]'
+    else concat('[', array_join(transform(sequence(0, least(json_array_length({{ a }}), {{ size }}) - 1), {{ j }} -> {{ cdclake.json_element(a, j) }}), ','), ']') end
+{%- endmacro %}
+
+
+{#- The raw JSON under path segment `seg` of container `c` (object key or array index); null when absent. -#}
+{% macro json_child(c, seg, event) -%}
+  case when left({{ c }}, 1) = '{' then {{ cdclake.json_field(c, seg, event) }}
+    when left({{ c }}, 1) = '[' and {{ seg }} rlike '^[0-9]{1,9}$' and cast({{ seg }} as int) < json_array_length({{ c }})
+      then {{ cdclake.json_element(c, 'cast(' ~ seg ~ ' as int)') }} end
+{%- endmacro %}
+
+
+{#-
+  Document `doc` (raw JSON text) after edit `edit` (see the header). The containers along the path are collected
+  top-down (aggregate), the leaf is edited, and the containers are rebuilt bottom-up (aggregate again): the SQL has
+  the same size for any path depth.
+-#}
+{% macro json_apply_edit(doc, edit) -%}
+  {{ return(adapter.dispatch('json_apply_edit', 'cdclake')(doc, edit)) }}
+{%- endmacro %}
+
+{% macro default__json_apply_edit(doc, edit) -%}
+  {%- set event = edit ~ '.event' -%}
+  {%- set cannot = cdclake.json_error(event, "concat('cannot ', " ~ edit ~ ".op, ' ', array_join(" ~ edit ~ ".path, '.'), ' in this document')") -%}
+  {%- set parents = 'case when size(' ~ edit ~ '.path) > 1 then sequence(0, size(' ~ edit ~ '.path) - 2) else array() end' -%}
+  {%- set leaf = 'element_at(' ~ edit ~ '.path, -1)' -%}
+  case
+    when instr({{ doc }}, chr(0)) > 0 then {{ doc }}
+    when {{ edit }}.op = 'fail' then {{ cdclake.json_error(event, edit ~ '.value') }}
+    when {{ doc }} is null or left({{ doc }}, 1) <> '{' then {{ cdclake.json_error(event, "'the document before it is not a JSON object'") }}
+    else element_at(transform(array(
+      {#- the containers from the document down to the leaf's parent (null where absent; 'set' creates objects) #}
+      aggregate({{ parents }}, array({{ doc }}), (_cdc_cs, _cdc_i) -> concat(_cdc_cs, array(coalesce(
+        {{ cdclake.json_child('element_at(_cdc_cs, -1)', edit ~ '.path[_cdc_i]', event) }}, case when {{ edit }}.op = 'set' then '{}' end))))
+    ), _cdc_cs -> case
+      when {{ edit }}.op <> 'set' and exists(_cdc_cs, _cdc_c -> _cdc_c is null) then {{ doc }}
+      {#- a key named like the rest of the path ("a.b" under a): a field named with dots, or a nested path? #}
+      when exists({{ parents }}, _cdc_i -> left(_cdc_cs[_cdc_i], 1) = '{'
+          and array_contains(json_object_keys(_cdc_cs[_cdc_i]), array_join(slice({{ edit }}.path, _cdc_i + 1, size({{ edit }}.path)), '.')))
+        then {{ cdclake.json_error(event, "concat('path ', array_join(" ~ edit ~ ".path, '.'), ' is ambiguous: the document has a field named with dots')") }}
+      else aggregate(reverse({{ parents }}),
+        {{ cdclake.json_edit_leaf('element_at(_cdc_cs, -1)', leaf, edit, cannot) }},
+        (_cdc_v, _cdc_i) -> {{ cdclake.json_set_child('_cdc_cs[_cdc_i]', edit ~ '.path[_cdc_i]', '_cdc_v', event, cannot) }})
+    end), 1)
+  end
+{%- endmacro %}
+
+
+{#- Container `c` with `edit` applied to its member `seg`. -#}
+{% macro json_edit_leaf(c, seg, edit, cannot) -%}
+  {%- set event = edit ~ '.event' -%}
+  case
+    when {{ edit }}.op = 'set' then {{ cdclake.json_set_child(c, seg, edit ~ '.value', event, cannot) }}
+    when {{ edit }}.op = 'unset' and left({{ c }}, 1) = '{' then {{ cdclake.json_object_remove(c, seg, event) }}
+    when {{ edit }}.op = 'truncate' and left({{ c }}, 1) = '{' then element_at(transform(array({{ cdclake.json_field(c, seg, event) }}), _cdc_a ->
+      case when left(_cdc_a, 1) = '[' then {{ cdclake.json_object_set(c, seg, cdclake.json_array_truncate('_cdc_a', edit ~ '.size'), event) }}
+        else {{ cannot }} end), 1)
+    else {{ cannot }} end
+{%- endmacro %}
+
+
+{#- Container `c` (object or array) with member `seg` set to raw JSON `v`. -#}
+{% macro json_set_child(c, seg, v, event, cannot) -%}
+  case
+    when left({{ c }}, 1) = '{' then {{ cdclake.json_object_set(c, seg, v, event) }}
+    when left({{ c }}, 1) = '[' and {{ seg }} rlike '^[0-9]{1,9}$' then {{ cdclake.json_array_set(c, 'cast(' ~ seg ~ ' as int)', v) }}
+    else {{ cannot }} end
+{%- endmacro %}
+
+
+{#- Edits (see the header) setting every member of JSON object text `fields` (keys are dotted paths). -#}
+{% macro json_set_edits(fields, event) -%}
+  coalesce(transform(json_object_keys({{ fields }}), _cdc_k -> named_struct('op', 'set', 'path', split(_cdc_k, '[.]'),
+    'value', {{ cdclake.json_member(fields, '_cdc_k', event) }}, 'size', cast(null as int), 'event', {{ event }})), array())
+{%- endmacro %}
+
+
+{#- Edits removing each dotted path of array<string> `paths`. -#}
+{% macro json_unset_edits(paths, event) -%}
+  coalesce(transform({{ paths }}, _cdc_k -> named_struct('op', 'unset', 'path', split(_cdc_k, '[.]'),
+    'value', cast(null as string), 'size', cast(null as int), 'event', {{ event }})), array())
+{%- endmacro %}
+
+
+{#- One edit that fails with `why` (a SQL string expression) when it is applied. -#}
+{% macro json_fail_edits(why, event) -%}
+  array(named_struct('op', 'fail', 'path', array(), 'value', {{ why }}, 'size', cast(null as int), 'event', {{ event }}))
+{%- endmacro %}

@@ -1,0 +1,236 @@
+{#-
+  Partial images, completed before net effect. Some updates carry only some columns: Oracle with PK-only
+  supplemental logging (nulls for the columns the update did not touch; config ignore_null_updates=true) and
+  MongoDB without a full `after` (capture.mode change_streams: updateDescription; oplog: patch). Such an update
+  is folded onto the key's previous image: the updates since the key's last full image (c/r, a full MongoDB
+  update, or nothing after a d/t) are applied in order, on top of that image or, when the unit of work holds
+  none, on top of what silver holds for the key. The bronze rows come out with `after` complete, so net effect,
+  extracted columns and SCD2 history see full images only.
+
+  Folding is by position, like everything else: silver's row (current state) or versions (history='scd2'), the
+  key's tombstones and the unit's truncates join the unit's changes as images (null for deletes), and each
+  update folds onto the full images before it. An update older than silver's row therefore never mixes into it.
+  A MongoDB update that cannot be folded (no document before it, a path it cannot follow) fails the run, naming
+  the event: never a partial or wrong document.
+-#}
+
+{% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history) -%}
+  {{ return(adapter.dispatch('fold_partial_images', 'cdclake')(bronze, changes, layout, target, tombstones, delete_mode, history)) }}
+{%- endmacro %}
+
+{#- The relation to read the unit of work from: `changes` itself, or a cached relation of it with `after` folded. -#}
+{% macro default__fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history) -%}
+  {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
+  {%- if not layout.document and not ignore_nulls %}{{ return(changes) }}{% endif -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- if layout.document -%}
+    {%- if ignore_nulls -%}
+      {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': ignore_null_updates applies to typed row images; " ~ bronze ~ " holds documents, whose partial updates (updateDescription, patch) are folded without it") }}
+    {%- endif -%}
+    {%- if 'updateDescription' not in types and 'patch' not in types %}{{ return(changes) }}{% endif -%}
+    {%- if run_query("select count(*) from " ~ changes ~ " where op = 'u' and after is null").rows[0][0] == 0 %}{{ return(changes) }}{% endif -%}
+  {%- endif -%}
+  {%- set folded = model.alias ~ '__cdc_folded' -%}
+  {% do cdclake.drop_folded_images() %}
+  {#- Computed once and kept with its analyzed plan: the document expressions are large, and Spark would analyze
+      them again in every query that reads a temporary view stored as SQL text (seconds each). -#}
+  {%- set stored = run_query('set spark.sql.legacy.storeAnalyzedPlanForView').rows[0][1] -%}
+  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=true') %}
+  {% do run_query('cache table ' ~ folded ~ ' as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history)) %}
+  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
+  {%- if layout.document -%}
+    {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
+    {%- if errors | length -%}
+      {% do cdclake.drop_folded_images() %}
+      {{ exceptions.raise_database_error("cdclake: model '" ~ model.name ~ "': " ~ errors[0][0]) }}
+    {%- endif -%}
+  {%- endif -%}
+  {{ return(folded) }}
+{%- endmacro %}
+
+
+{#- Drops the folded relation; with `relation` (what fold_partial_images returned), only if that is it. -#}
+{% macro drop_folded_images(relation=none) -%}
+  {%- set folded = model.alias ~ '__cdc_folded' -%}
+  {%- if relation is none or relation == folded -%}
+    {% do run_query('uncache table if exists ' ~ folded) %}
+    {% do run_query('drop view if exists ' ~ folded) %}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{% macro fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history) -%}
+  {%- set columns = run_query('select * from ' ~ changes ~ ' where false').column_names -%}
+  {%- set fields = [] if layout.document else cdclake.struct_field_names(bronze, 'after') -%}
+  {%- set partition = [] -%}
+  {%- for key in layout.key_columns %}{% do partition.append('_cdc_fk' ~ loop.index0) %}{% endfor -%}
+  {%- set scd2 = history == 'scd2' -%}
+  {#- Current state needs the fold of each key's last change only; history needs every version's. -#}
+  {%- set frame = 'current row' if scd2 or not layout.document else 'unbounded following' -%}
+with unit as (
+  select
+    struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
+    {%- for key in layout.key_columns %}
+    {{ layout.key_exprs[key] }} as _cdc_fk{{ loop.index0 }},
+    {%- endfor %}
+    named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
+    {%- if layout.document %}
+    {{ cdclake.document_image_sql(types) }} as _cdc_doc,
+    {{ cdclake.document_edits_sql(types, cdclake.change_event_sql('')) }} as _cdc_edits
+    {%- else %}
+    {%- for field in fields %}
+    after.{{ cdclake.quote(field) }} as _cdc_v{{ loop.index0 }},
+    {%- endfor %}
+    op <> 'u' as _cdc_full
+    {%- endif %}
+  from {{ changes }}
+  where op in ('c', 'u', 'd', 'r')
+),
+touched as (
+  select distinct {{ partition | join(', ') }} from unit
+),
+events as (
+  select {{ partition | join(', ') }}, _cdc_pos, _cdc_row,
+    {%- if layout.document %} _cdc_edits is null as _cdc_full, _cdc_doc, _cdc_edits{% else %} _cdc_full{% for field in fields %}, _cdc_v{{ loop.index0 }}{% endfor %}{% endif %}
+  from unit
+  {%- if target is not none %}
+  union all
+  select {% for key in layout.key_columns %}s.{{ cdclake.quote(key) }}, {% endfor -%}
+    named_struct('o', s.{{ '_cdc_valid_from' if scd2 else '_cdc_order' }}, 'r', {{ cdclake.op_rank('s._cdc_op') }}, 'f', s._cdc_offset, 'p', 0), null, true,
+    {{ cdclake.prior_image_sql(layout, fields, 's', "s._cdc_op in ('d', 't')") }}
+  from {{ target }} s
+  left semi join touched k on {% for key in layout.key_columns %}s.{{ cdclake.quote(key) }} <=> k._cdc_fk{{ loop.index0 }}{% if not loop.last %} and {% endif %}{% endfor %}
+  {%- if delete_mode == 'hard' %}
+  union all
+  select {% for key in layout.key_columns %}b.{{ cdclake.quote(key) }}, {% endfor -%}
+    named_struct('o', b._cdc_order, 'r', {{ cdclake.op_rank('b._cdc_op') }}, 'f', b._cdc_offset, 'p', 0), null, true,
+    {{ cdclake.prior_image_sql(layout, fields) }}
+  from {{ tombstones }} b
+  left semi join touched k on {% for key in layout.key_columns %}b.{{ cdclake.quote(key) }} <=> k._cdc_fk{{ loop.index0 }}{% if not loop.last %} and {% endif %}{% endfor %}
+  {%- endif %}
+  {%- endif %}
+  union all
+  select {% for name in partition %}k.{{ name }}, {% endfor %}t._cdc_pos, null, true,
+    {{ cdclake.prior_image_sql(layout, fields) }}
+  from touched k
+  cross join (select named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset, 'p', 0) as _cdc_pos from {{ changes }} where op = 't') t
+),
+segmented as (
+  select *,
+    sum(case when _cdc_full then 1 else 0 end) over (partition by {{ partition | join(', ') }} order by _cdc_pos rows between unbounded preceding and current row) as _cdc_segment,
+    max(_cdc_pos) over (partition by {{ partition | join(', ') }}) as _cdc_last
+  from events
+),
+folded as (
+  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last,
+    {%- if layout.document %}
+    _cdc_doc,
+    first_value(_cdc_doc) over segment as _cdc_base,
+    collect_list(case when not _cdc_full then struct(_cdc_pos, _cdc_edits) end) over segment as _cdc_patches
+    {%- else %}
+    {%- for field in fields %}
+    last_value(_cdc_v{{ loop.index0 }}, true) over segment as _cdc_v{{ loop.index0 }}{% if not loop.last %},{% endif %}
+    {%- endfor %}
+    {%- endif %}
+  from segmented
+  window segment as (partition by {{ partition | join(', ') }}, _cdc_segment order by _cdc_pos rows between unbounded preceding and {{ frame }})
+)
+select
+  {%- for column in columns %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, scd2) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {%- endfor %}
+from folded
+where _cdc_row is not null
+union all
+select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
+{%- endmacro %}
+
+
+{#- The image columns of a prior state row in the shape of `events`: those of silver row `alias` (null when
+    `deleted`), or all null (tombstones, truncates) without one. Silver names key columns after the key and keeps
+    only the image columns it was asked to. -#}
+{% macro prior_image_sql(layout, fields, alias=none, deleted='false') -%}
+  {%- if layout.document -%}
+    {%- if alias is none %}cast(null as string), null{% else %}case when {{ deleted }} then null else {{ alias }}._cdc_document end, null{% endif -%}
+  {%- else -%}
+    {%- set keys = {} -%}
+    {%- for key in layout.key_columns %}{% do keys.update({key | lower: key}) %}{% endfor -%}
+    {%- for field in fields -%}
+      {%- if alias is not none and field in layout.image_columns -%}case when {{ deleted }} then null else {{ alias }}.{{ cdclake.quote(field) }} end
+      {%- elif alias is not none and field | lower in keys -%}{{ alias }}.{{ cdclake.quote(keys[field | lower]) }}
+      {%- else -%}null{%- endif -%}
+      {%- if not loop.last %}, {% endif -%}
+    {%- endfor -%}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win). -#}
+{% macro folded_image_sql(layout, fields, scd2) -%}
+  {%- if layout.document -%}
+  case when _cdc_row.op <> 'u' then _cdc_row.after
+    when _cdc_full then _cdc_doc
+    when {{ 'true' if scd2 else '_cdc_pos = _cdc_last' }} then
+      case when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
+        else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), trim(_cdc_base),
+          (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }}) end
+  end
+  {%- else -%}
+  case when _cdc_row.op = 'u' then named_struct(
+    {%- for field in fields %}'{{ field | replace("\\", "\\\\") | replace("'", "\\'") }}', _cdc_v{{ loop.index0 }}{% if not loop.last %}, {% endif %}{% endfor -%}
+  ) else _cdc_row.after end
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- Names a bronze change event in messages: its key and where it is in Kafka. -#}
+{% macro change_event_sql(prefix) -%}
+  concat('key ', {{ prefix }}_cdc_key_json, ' (', {{ prefix }}_cdc_topic, ' partition ', {{ prefix }}_cdc_partition, ' offset ', {{ prefix }}_cdc_offset, ')')
+{%- endmacro %}
+
+
+{#- The full document of a MongoDB change: `after`, or an oplog-mode replacement (a patch without operators). -#}
+{% macro document_image_sql(types) -%}
+  {%- if 'patch' in types -%}
+  coalesce(after, case when op = 'u' and not exists(json_object_keys(patch), _cdc_k -> left(_cdc_k, 1) = '$') then patch end)
+  {%- else -%}
+  after
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#-
+  The edits (see json_documents.sql) of a MongoDB update without a full document; null for full images.
+  updateDescription (change streams): truncatedArrays, then removedFields, then updatedFields. patch (oplog,
+  MongoDB 3.x/4.x): $set and $unset; other operators and the $v 2 diff format fail when applied.
+-#}
+{% macro document_edits_sql(types, event) -%}
+  {{ return(adapter.dispatch('document_edits_sql', 'cdclake')(types, event)) }}
+{%- endmacro %}
+
+{% macro default__document_edits_sql(types, event) -%}
+  {%- set typed = types.get('updateDescription', '').startswith('struct') -%}
+  {%- set updated = 'updateDescription.updatedFields' if typed else "get_json_object(updateDescription, '$.updatedFields')" -%}
+  {%- set removed = 'updateDescription.removedFields' if typed else "from_json(get_json_object(updateDescription, '$.removedFields'), 'array<string>')" -%}
+  {%- set truncated = 'updateDescription.truncatedArrays' if typed else "from_json(get_json_object(updateDescription, '$.truncatedArrays'), 'array<struct<field:string,size:int>>')" -%}
+  case when op <> 'u' or after is not null then null
+  {%- if 'updateDescription' in types %}
+    when updateDescription is not null then concat(
+      coalesce(transform({{ truncated }}, _cdc_t -> named_struct('op', 'truncate', 'path', split(_cdc_t.field, '[.]'),
+        'value', cast(null as string), 'size', _cdc_t.size, 'event', {{ event }})), array()),
+      {{ cdclake.json_unset_edits(removed, event) }},
+      {{ cdclake.json_set_edits(updated, event) }})
+  {%- endif %}
+  {%- if 'patch' in types %}
+    when patch is null then null
+    when json_object_keys(patch) is null then {{ cdclake.json_fail_edits("'its oplog patch is not a JSON object'", event) }}
+    when not exists(json_object_keys(patch), _cdc_k -> left(_cdc_k, 1) = '$') then null
+    when exists(json_object_keys(patch), _cdc_k -> _cdc_k not in ('$set', '$unset', '$v'))
+        or coalesce(get_json_object(patch, '$[\'$v\']'), '1') <> '1'
+      then {{ cdclake.json_fail_edits("concat('oplog patches other than $set/$unset (format $v 1) are not supported: ', patch)", event) }}
+    else concat(
+      {{ cdclake.json_unset_edits("json_object_keys(get_json_object(patch, '$[\\'$unset\\']'))", event) }},
+      {{ cdclake.json_set_edits("get_json_object(patch, '$[\\'$set\\']')", event) }})
+  {%- endif %}
+  end
+{%- endmacro %}

@@ -1,0 +1,263 @@
+{#-
+  history='scd2': silver keeps every version of each key instead of its current state.
+
+  A row is a version: the image a change (c, u, r) gave the key, valid from that change's position until the
+  key's next change (_cdc_valid_to null while current). A delete ends the key's current version; with
+  delete_mode='soft' it is also a row of its own (a marker version: _cdc_deleted, image columns null), with
+  delete_mode='hard' (default) it goes to <model>__cdc_tombstones (every delete, not only the last) so a late
+  change before it is still closed by it. A truncate ends every version open at its position, like a delete of
+  each such key.
+
+  Each run recomputes the history of the keys the unit of work touches, from their stored rows plus the new
+  changes: duplicates (same position and op, same image: replays) collapse to the copy already stored (else the
+  first landed), late changes fall into place, and the stored rows that change (a closed interval, a row to drop)
+  are updated in one MERGE; inserts go in the same MERGE. Untouched keys are not rewritten.
+-#}
+
+{#- Position of a history row (silver version or tombstone), comparable with net_effect's position(). -#}
+{% macro scd2_position(alias, order='_cdc_valid_from') -%}
+  named_struct('o', {{ alias }}.{{ order }}, 'r', {{ cdclake.op_rank(alias ~ '._cdc_op') }}, 'f', {{ alias }}._cdc_offset)
+{%- endmacro %}
+
+
+{#- Non-key data columns of a silver row (image columns, document, extracted columns). -#}
+{% macro scd2_value_columns(layout) -%}
+  {%- set values = [] -%}
+  {%- for column in cdclake.data_columns(layout) %}{% if column not in layout.key_columns %}{% do values.append(column) %}{% endif %}{% endfor -%}
+  {{ return(values) }}
+{%- endmacro %}
+
+
+{#-
+  Every row the touched keys should have after this run, plus the stored rows to drop, with _cdc_target
+  ('silver' | 'tombstones') and _cdc_action ('insert' | 'update' | 'delete' | null: unchanged).
+-#}
+{% macro scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
+  {{ return(adapter.dispatch('scd2_rows_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, has_truncate)) }}
+{%- endmacro %}
+
+{% macro default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
+  {%- set keys = layout.key_columns -%}
+  {%- set values = cdclake.scd2_value_columns(layout) -%}
+  {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
+  {%- set in_order = '_cdc_order, ' ~ cdclake.op_rank('_cdc_op') ~ ', _cdc_offset' -%}
+  {%- set stored_first = 'case when _cdc_stored > 0 then 0 else 1 end, _cdc_offset' -%}
+with changes as (
+  select
+    {%- for key in keys %}
+    {{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }},
+    {%- endfor %}
+    {%- for column in layout.image_columns %}
+    {{ layout.image_expr }}.{{ cdclake.quote(column) }} as {{ cdclake.quote(column) }},
+    {%- endfor %}
+    {%- if layout.document %}
+    {{ layout.image_expr }} as _cdc_document,
+    {%- endif %}
+    {%- for column in layout.extra_columns %}
+    {{ cdclake.quote(column) }},
+    {%- endfor %}
+    _cdc_order, op as _cdc_op, _cdc_offset, {{ layout.source_ts_expr }} as _cdc_source_ts
+  from ({{ input_sql }}) bronze_input
+  where op in ('c', 'u', 'd', 'r', 't')
+),
+truncates as (
+  select _cdc_order, _cdc_offset, _cdc_source_ts from changes where _cdc_op = 't'
+),
+touched as (
+  select distinct {{ by_key }} from changes where _cdc_op <> 't'
+  {%- if has_truncate and target is not none %}
+  union
+  {#- every key with a version open at a truncate: the truncate ends it #}
+  select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  from {{ target }} s join truncates t
+    on {{ cdclake.scd2_position('s') }} < named_struct('o', t._cdc_order, 'r', 4, 'f', t._cdc_offset)
+    and (s._cdc_valid_to is null or s._cdc_valid_to >= t._cdc_order)
+  where s._cdc_op in ('c', 'u', 'r')
+  {%- endif %}
+),
+events as (
+  {#- _cdc_stored: 0 new, 1 a silver row, 2 a tombstone; _cdc_was_*: a stored row's interval -#}
+  select changes.*, 0 as _cdc_stored, cast(null as array<bigint>) as _cdc_was_valid_to, cast(null as timestamp) as _cdc_was_valid_to_ts, cast(null as boolean) as _cdc_was_current
+  from changes where _cdc_op <> 't'
+  union all
+  select {% for key in keys %}k.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}null, {% endfor -%}
+    t._cdc_order, 't', t._cdc_offset, t._cdc_source_ts, 0, null, null, null
+  from touched k cross join truncates t
+  {%- if target is not none %}
+  union all
+  select {% for key in keys %}s.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}s.{{ cdclake.quote(column) }}, {% endfor -%}
+    s._cdc_valid_from, s._cdc_op, s._cdc_offset, s._cdc_valid_from_ts, 1, s._cdc_valid_to, s._cdc_valid_to_ts, s._cdc_is_current
+  from {{ target }} s left semi join touched k on {{ cdclake.key_match(keys, 's', 'k') }}
+  {%- if delete_mode == 'hard' %}
+  union all
+  select {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}null, {% endfor -%}
+    b._cdc_order, b._cdc_op, b._cdc_offset, b._cdc_source_ts, 2, null, null, null
+  from {{ tombstones }} b left semi join touched k on {{ cdclake.key_match(keys, 'b', 'k') }}
+  {%- endif %}
+  {%- endif %}
+),
+copies as (
+  {#- a replay: same position and op, same image (offsets differ); keep the stored copy, else the first landed -#}
+  select *, row_number() over (
+      partition by {{ by_key }}, _cdc_order, _cdc_op,
+        to_json(named_struct('v', ''{% for column in values %}, 'c{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}))
+      order by {{ stored_first }}) as _cdc_copy
+  from events
+),
+records as (
+  {#- the same record (offset too) read twice, e.g. a unit of work re-read after a failed run -#}
+  select *, row_number() over (partition by {{ by_key }}, _cdc_order, _cdc_op, _cdc_offset order by {{ stored_first }}) as _cdc_record
+  from copies where _cdc_copy = 1
+),
+sequenced as (
+  select *, lag(_cdc_op) over (partition by {{ by_key }} order by {{ in_order }}) as _cdc_previous_op
+  from records where _cdc_record = 1
+),
+history as (
+  {#- a truncate ends a version; one that finds the key deleted already is void -#}
+  select *,
+    lead(_cdc_order) over w as _cdc_valid_to,
+    lead(_cdc_source_ts) over w as _cdc_valid_to_ts,
+    lead(_cdc_offset) over w is null as _cdc_is_current
+  from sequenced
+  where _cdc_op <> 't' or _cdc_previous_op in ('c', 'u', 'r')
+  window w as (partition by {{ by_key }} order by {{ in_order }})
+),
+kept as (
+  select *,
+    {%- if delete_mode == 'hard' %}
+    case when _cdc_op in ('d', 't') then 'tombstones' else 'silver' end as _cdc_target,
+    {%- else %}
+    'silver' as _cdc_target,
+    {%- endif %}
+    case
+      when _cdc_stored = 0 then 'insert'
+      when _cdc_stored = 1 and not (_cdc_was_valid_to <=> _cdc_valid_to and _cdc_was_valid_to_ts <=> _cdc_valid_to_ts
+        and _cdc_was_current <=> _cdc_is_current) then 'update'
+    end as _cdc_action
+  from history
+),
+dropped as (
+  select *, cast(null as array<bigint>) as _cdc_valid_to, cast(null as timestamp) as _cdc_valid_to_ts, cast(null as boolean) as _cdc_is_current,
+    case _cdc_stored when 1 then 'silver' else 'tombstones' end as _cdc_target, 'delete' as _cdc_action
+  from sequenced
+  where _cdc_stored > 0 and _cdc_op = 't' and not (_cdc_previous_op <=> 'c' or _cdc_previous_op <=> 'u' or _cdc_previous_op <=> 'r')
+)
+select * from kept
+union all
+select * from dropped
+{%- endmacro %}
+
+
+{#- The silver columns of a history row `r`, in table order. -#}
+{% macro scd2_silver_columns(layout, delete_mode) -%}
+  {%- set columns = cdclake.data_columns(layout) -%}
+  {%- for column in ['_cdc_op', '_cdc_offset', '_cdc_valid_from', '_cdc_valid_from_ts', '_cdc_valid_to', '_cdc_valid_to_ts', '_cdc_is_current'] %}{% do columns.append(column) %}{% endfor -%}
+  {%- if delete_mode == 'soft' %}{% do columns.append('_cdc_deleted') %}{% endif -%}
+  {%- do columns.append('_cdc_applied_at') -%}
+  {{ return(columns) }}
+{%- endmacro %}
+
+
+{#- Value of silver column `column` for history row `r`. -#}
+{% macro scd2_silver_value(column, alias) -%}
+  {%- set derived = {
+      '_cdc_valid_from': alias ~ '._cdc_order', '_cdc_valid_from_ts': alias ~ '._cdc_source_ts',
+      '_cdc_deleted': alias ~ "._cdc_op in ('d', 't')", '_cdc_applied_at': 'current_timestamp()'} -%}
+  {{ derived.get(column, alias ~ '.' ~ cdclake.quote(column)) }}
+{%- endmacro %}
+
+
+{% macro scd2_create_sql(target, layout, rows, delete_mode) -%}
+  create table {{ target }}
+  using iceberg
+  tblproperties ({{ cdclake.silver_table_properties() }}, 'cdclake.history' = 'scd2')
+  as select
+    {%- for column in cdclake.scd2_silver_columns(layout, delete_mode) %}
+    {{ cdclake.scd2_silver_value(column, 'r') }} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+    {%- endfor %}
+  from {{ rows }} r
+  where r._cdc_target = 'silver'
+{%- endmacro %}
+
+
+{% macro scd2_create_tombstones_sql(tombstones, layout, rows) -%}
+  create table {{ tombstones }}
+  using iceberg
+  tblproperties ({{ cdclake.silver_table_properties() }}, 'cdclake.history' = 'scd2')
+  as select {% for key in layout.key_columns %}r.{{ cdclake.quote(key) }}, {% endfor %}r._cdc_order, r._cdc_op, r._cdc_offset, r._cdc_source_ts,
+    current_timestamp() as _cdc_deleted_at
+  from {{ rows }} r
+  where r._cdc_target = 'tombstones'
+{%- endmacro %}
+
+
+{#- One MERGE: the touched keys' new rows go in, changed intervals are updated, dropped rows go. -#}
+{% macro scd2_merge_sql(target, layout, rows, delete_mode) -%}
+  {%- set columns = cdclake.scd2_silver_columns(layout, delete_mode) -%}
+  merge into {{ target }} t
+  using (select * from {{ rows }} where _cdc_target = 'silver' and _cdc_action is not null) s
+  on {{ cdclake.key_match(layout.key_columns, 't', 's') }} and t._cdc_valid_from = s._cdc_order and t._cdc_op = s._cdc_op
+    and t._cdc_offset = s._cdc_offset
+  when matched and s._cdc_action = 'delete' then delete
+  when matched and s._cdc_action = 'update' then update set
+    t._cdc_valid_to = s._cdc_valid_to, t._cdc_valid_to_ts = s._cdc_valid_to_ts, t._cdc_is_current = s._cdc_is_current,
+    t._cdc_applied_at = current_timestamp()
+  when not matched and s._cdc_action = 'insert' then insert
+    ({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %})
+    values ({% for column in columns %}{{ cdclake.scd2_silver_value(column, 's') }}{% if not loop.last %}, {% endif %}{% endfor %})
+{%- endmacro %}
+
+
+{% macro scd2_tombstone_merge_sql(tombstones, layout, rows) -%}
+  merge into {{ tombstones }} b
+  using (select * from {{ rows }} where _cdc_target = 'tombstones' and _cdc_action is not null) s
+  on {{ cdclake.key_match(layout.key_columns, 'b', 's') }} and b._cdc_order = s._cdc_order and b._cdc_op = s._cdc_op
+    and b._cdc_offset = s._cdc_offset
+  when matched and s._cdc_action = 'delete' then delete
+  when not matched and s._cdc_action = 'insert' then insert
+    ({% for key in layout.key_columns %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_deleted_at)
+    values ({% for key in layout.key_columns %}s.{{ cdclake.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, current_timestamp())
+{%- endmacro %}
+
+
+{#-
+  Runs one unit of work for a history='scd2' model and returns the SQL of its 'main' statement (the silver
+  CREATE or MERGE); tombstones (delete_mode='hard') are written before it on the first run, after it later, as
+  the current-state path does. Call scd2_finish() after 'main'.
+-#}
+{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode) -%}
+  {%- set rows = model.alias ~ '__cdc_history' -%}
+  {%- set has_truncate = run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
+  {% do run_query('uncache table if exists ' ~ rows) %}
+  {% do run_query('drop view if exists ' ~ rows) %}
+  {#- Materialized once: the MERGE changes what a lazy view over silver would return. -#}
+  {% do run_query('cache table ' ~ rows ~ ' as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, has_truncate)) %}
+  {%- if existing is none -%}
+    {%- if delete_mode == 'hard' -%}
+      {% do run_query('drop table if exists ' ~ tombstones) %}
+      {% do run_query(cdclake.scd2_create_tombstones_sql(tombstones, layout, rows)) %}
+    {%- endif -%}
+    {{ return(cdclake.scd2_create_sql(target, layout, rows, delete_mode)) }}
+  {%- endif -%}
+  {{ return(cdclake.scd2_merge_sql(target, layout, rows, delete_mode)) }}
+{%- endmacro %}
+
+
+{% macro scd2_finish(layout, tombstones, existing, delete_mode) -%}
+  {%- set rows = model.alias ~ '__cdc_history' -%}
+  {%- if existing is not none and delete_mode == 'hard' -%}
+    {% do run_query(cdclake.scd2_tombstone_merge_sql(tombstones, layout, rows)) %}
+  {%- endif -%}
+  {% do run_query('uncache table if exists ' ~ rows) %}
+  {% do run_query('drop view if exists ' ~ rows) %}
+{%- endmacro %}
+
+
+{#- The history mode a silver table was built with ('current' for tables without the property). -#}
+{% macro table_history(target) -%}
+  {%- for row in run_query('show tblproperties ' ~ target).rows -%}
+    {%- if row[0] == 'cdclake.history' %}{{ return(row[1]) }}{% endif -%}
+  {%- endfor -%}
+  {{ return('current') }}
+{%- endmacro %}

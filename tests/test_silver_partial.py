@@ -1,0 +1,342 @@
+"""Partial images with real dbt on real Spark and Iceberg: PK-only updates (ignore_null_updates) and MongoDB
+updates without a full document (updateDescription, oplog patch) are folded across the unit of work."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from ingest.debezium.ordering import OP_RANK
+from tests.silver_harness import Change, MongoChange, MongoTopic, SilverHarness, Topic
+from tests.spark_fixtures import SparkLakehouse
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+C, U, D = "c", "u", "d"
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness
+
+
+def apply(harness: SilverHarness, topic: Topic | MongoTopic, changes: list[Any], dumps: Path, config: str) -> None:
+    harness.land(topic, changes, dumps)
+    harness.write_model(topic, config)
+    assert harness.build(topic), "dbt build failed"
+
+
+def images(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, int | None]]:
+    rows = harness.spark.sql(f"select id, v, n from silver.{topic.table} where {where}").collect()
+    return {row["id"]: (row["v"], row["n"]) for row in rows}
+
+
+def test_pk_only_updates_fold_across_the_unit_of_work(harness: SilverHarness, tmp_path: Path) -> None:
+    """Oracle with PK-only supplemental logging: an update carries the key and the columns it changed."""
+    topic = harness.topic("pk_only")
+    config = "ignore_null_updates=true"
+    apply(harness, topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 20, "x", n=200)], tmp_path, config)
+    # Two updates of key 1 in one unit of work, each carrying one column: both survive (the winner alone would
+    # have taken v from silver). Key 2's late update, older than silver's row, changes nothing.
+    apply(
+        harness,
+        topic,
+        [Change(U, 1, 30, "b", n=None), Change(U, 1, 40, None, n=101), Change(U, 2, 15, "stale", n=None)],
+        tmp_path,
+        config,
+    )
+    assert images(harness, topic) == {1: ("b", 101), 2: ("x", 200)}
+    # After a delete, a full image's null is a value: the next partial update folds onto the new insert, not
+    # onto the deleted row.
+    apply(
+        harness,
+        topic,
+        [
+            Change(D, 1, 50),
+            Change(C, 1, 60, "new", n=None),
+            Change(U, 1, 70, None, n=None),
+            Change(U, 2, 80, None, n=201),
+        ],
+        tmp_path,
+        config,
+    )
+    assert images(harness, topic) == {1: ("new", None), 2: ("x", 201)}
+    assert harness.build(topic, "--full-refresh")
+    assert images(harness, topic) == {1: ("new", None), 2: ("x", 201)}
+
+
+def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
+    topic = harness.topic("pk_only_scd2")
+    config = "ignore_null_updates=true, history='scd2'"
+    apply(harness, topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 20, "b", n=None)], tmp_path, config)
+    apply(harness, topic, [Change(U, 1, 30, None, n=101), Change(U, 1, 25, None, n=99)], tmp_path, config)
+    rows = harness.rows(f"silver.{topic.table}", "v, n, _cdc_valid_from[0] as at", "at")
+    # The late update at 25 lands between 20 and 30, folded onto the version before it.
+    assert [(row["at"], row["v"], row["n"]) for row in rows] == [
+        (10, "a", 100),
+        (20, "b", 100),
+        (25, "b", 99),
+        (30, "b", 101),
+    ]
+
+
+Image = dict[str, Any] | None
+
+
+def fold_unit(state: dict[int, tuple[tuple[int, int, int], Image]], unit: list[tuple[Change, int]]) -> None:
+    """Reference of one unit of work with partial images: per key, the changes newer than what silver holds (row
+    or tombstone) apply in order; an update keeps the previous value of each column it does not carry."""
+    for change, offset in sorted(unit, key=lambda item: (item[0].lsn, OP_RANK[item[0].op], item[1])):
+        position = (change.lsn, OP_RANK[change.op], offset)
+        if change.id in state and position <= state[change.id][0]:
+            continue
+        previous = state.get(change.id, (position, None))[1]
+        image: Image = None
+        if change.op in "cr":
+            image = {"v": change.v, "n": change.n_value}
+        elif change.op == "u":
+            carried = {"v": change.v, "n": change.n_value}
+            image = {k: value if value is not None else (previous or {}).get(k) for k, value in carried.items()}
+        state[change.id] = (position, image)
+
+
+partial_changes = st.lists(
+    st.tuples(
+        st.sampled_from("cudr"),
+        st.integers(1, 3),
+        st.integers(1, 30),
+        st.sampled_from(["p", "q", None]),
+        st.sampled_from([1, 2, None]),
+    ),
+    min_size=1,
+    max_size=10,
+)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(batches=st.lists(partial_changes, min_size=1, max_size=3), replay=st.booleans())
+def test_random_partial_updates_match_the_reference_model(
+    harness: SilverHarness,
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[tuple[str, int, int, str | None, int | None]]],
+    replay: bool,
+) -> None:
+    topic = harness.topic("pk_only_property")
+    dumps = tmp_path_factory.mktemp("pk_only_property")
+    state: dict[int, tuple[tuple[int, int, int], Image]] = {}
+    landed: list[Change] = []
+    for batch in batches:
+        changes = [
+            Change(op, key, lsn, None if op == "d" else v, n=None if op == "d" else n) for op, key, lsn, v, n in batch
+        ]
+        if replay and landed:
+            changes = landed[: len(landed) // 2] + changes
+        landed.extend(changes)
+        apply(harness, topic, changes, dumps, "ignore_null_updates=true")
+        fold_unit(state, topic.landed[-len(changes) :])
+        expected = {key: (image["v"], image["n"]) for key, (_, image) in state.items() if image is not None}
+        assert images(harness, topic) == expected
+
+
+# --- MongoDB ------------------------------------------------------------------------------------------------------
+def apply_update(document: dict[str, Any] | None, change: MongoChange) -> dict[str, Any] | None:
+    """Python reference of a MongoDB update event (what the source did to the document)."""
+    if change.op == "d":
+        return None
+    if change.after is not None:
+        return change.after
+    patch = change.patch or {}
+    if patch and not any(name.startswith("$") for name in patch):
+        return patch
+    assert document is not None
+    document = copy.deepcopy(document)
+    for path, size in change.truncated or []:
+        parent, name = _walk(document, path)
+        parent[name] = parent[name][:size]
+    for path in [*(change.removed or []), *patch.get("$unset", {})]:
+        parent, name = _walk(document, path)
+        parent.pop(name, None)
+    for path, value in {**(change.updated or {}), **patch.get("$set", {})}.items():
+        parent, name = _walk(document, path)
+        if isinstance(parent, list):
+            parent.extend([None] * (int(name) + 1 - len(parent)))
+            parent[int(name)] = value
+        else:
+            parent[name] = value
+    return document
+
+
+def _walk(document: Any, path: str) -> tuple[Any, Any]:
+    *parents, leaf = path.split(".")
+    for name in parents:
+        document = document[int(name)] if isinstance(document, list) else document.setdefault(name, {})
+    return document, int(leaf) if isinstance(document, list) else leaf
+
+
+def expected_documents(changes: list[MongoChange]) -> dict[str, Any]:
+    documents: dict[str, Any] = {}
+    for change in sorted(changes, key=lambda c: (c.sec, c.ord)):
+        document = apply_update(documents.get(str(change.id)), change)
+        if document is None:
+            documents.pop(str(change.id), None)
+        else:
+            documents[str(change.id)] = document
+    return documents
+
+
+ANNE = {
+    "_id": 1,
+    "name": "Anne",
+    "address": {"city": "Berlin", "zip": "10115"},
+    "tags": ["a", "b", "c"],
+    "visits": {"$numberLong": "5"},
+    "orders": [{"sku": "x", "qty": 1}],
+}
+BOB = {"_id": 2, "name": "Bob", "score": 1}
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["typed", "schemaless"])
+def test_mongodb_update_descriptions_fold_into_documents(harness: SilverHarness, tmp_path: Path, schemas: bool) -> None:
+    topic = harness.mongo_topic("update_description", schemas)
+    config = "" if schemas else "keys=['id']"
+    first = [
+        MongoChange(C, 1, 100, after=ANNE),
+        MongoChange(C, 2, 100, 2, after=BOB),
+        MongoChange("u", 1, 101, updated={"name": "Anne Marie"}),
+        # nested paths: a field of a sub-document, an element appended to an array, a field inside an element
+        MongoChange("u", 1, 102, updated={"address.city": "Lyon", "tags.3": "d", "orders.0.qty": 2}),
+    ]
+    apply(harness, topic, first, tmp_path, config)
+    assert harness.documents(topic) == expected_documents(first)
+    second = [
+        # JSON types survive: a string that looks like a number or a boolean stays a string, null stays null
+        MongoChange(
+            "u", 1, 103, updated={"visits": {"$numberLong": "6"}, "code": "0042", "flag": "true", "none": None}
+        ),
+        MongoChange("u", 1, 104, removed=["name", "address.zip"]),
+        MongoChange("u", 1, 105, truncated=[("tags", 2)], updated={"tags.1": "B", "orders.3": {"sku": "y"}}),
+        MongoChange("u", 2, 103, updated={"score": 1.5, "new": {"deep": [1, "2"]}}),
+    ]
+    apply(harness, topic, second, tmp_path, config)
+    expected = expected_documents(first + second)
+    assert harness.documents(topic) == expected
+    assert expected["1"]["orders"] == [{"sku": "x", "qty": 2}, None, None, {"sku": "y"}]  # padded as MongoDB does
+    # A late update (older than silver's document) changes nothing; a full update (change_streams_update_full)
+    # replaces the document.
+    apply(
+        harness,
+        topic,
+        [MongoChange("u", 2, 99, updated={"score": -1}), MongoChange("u", 1, 106, after={"_id": 1, "only": True})],
+        tmp_path,
+        config,
+    )
+    assert harness.documents(topic) == {"1": {"_id": 1, "only": True}, "2": expected["2"]}
+    assert harness.build(topic, "--full-refresh")  # bronze's order puts the late update where it belongs
+    assert harness.documents(topic) == {"1": {"_id": 1, "only": True}, "2": expected["2"]}
+
+
+def test_mongodb_oplog_patches_fold_into_documents(harness: SilverHarness, tmp_path: Path) -> None:
+    topic = harness.mongo_topic("oplog")
+    changes = [
+        MongoChange(C, 1, 100, after=ANNE),
+        MongoChange("u", 1, 101, patch={"$v": 1, "$set": {"name": "Anne Marie", "address.city": "Osaka"}}),
+        MongoChange("u", 1, 102, patch={"$unset": {"tags": True}}),
+        MongoChange(C, 2, 100, 2, after=BOB),
+        MongoChange("u", 2, 101, patch={"_id": 2, "name": "Robert"}),  # a replacement: the whole document
+        MongoChange("u", 2, 102, patch={"$set": {"score": 2}}),
+    ]
+    apply(harness, topic, changes, tmp_path, "")
+    assert harness.documents(topic) == expected_documents(changes)
+
+
+def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
+    topic = harness.mongo_topic("scd2_documents")
+    config = "history='scd2'"
+    first = [MongoChange(C, 1, 100, after=ANNE), MongoChange("u", 1, 101, updated={"name": "A"})]
+    apply(harness, topic, first, tmp_path, config)
+    second = [MongoChange("u", 1, 103, removed=["tags"]), MongoChange("u", 1, 102, updated={"visits": 7})]
+    apply(harness, topic, second, tmp_path, config)
+    rows = harness.rows(f"silver.{topic.table}", "_cdc_document, _cdc_valid_from[0] as at", "at")
+    documents = [orjson.loads(row["_cdc_document"]) for row in rows]
+    changes = sorted(first + second, key=lambda c: c.sec)
+    expected = [expected_documents(changes[: i + 1])["1"] for i in range(len(changes))]
+    assert documents == expected
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ([MongoChange("u", 7, 101, updated={"name": "x"})], "the key has no document before it"),
+        (
+            [MongoChange(C, 7, 100, after=BOB), MongoChange("u", 7, 101, updated={"name.first": "x"})],
+            "cannot set name.first in this document",
+        ),
+        (
+            [MongoChange(C, 7, 100, after={"_id": 7, "a.b": 1, "a": {}}), MongoChange("u", 7, 101, updated={"a.b": 2})],
+            "path a.b is ambiguous",
+        ),
+        (
+            [
+                MongoChange(C, 7, 100, after=BOB),
+                MongoChange("u", 7, 101, patch={"$v": 2, "diff": {"u": {"name": "x"}}}),
+            ],
+            "oplog patches other than $set/$unset",
+        ),
+    ],
+    ids=["no-document", "path-through-a-scalar", "dotted-field-name", "oplog-v2"],
+)
+def test_an_update_that_cannot_be_folded_fails_the_run(
+    harness: SilverHarness, tmp_path: Path, changes: list[MongoChange], reason: str
+) -> None:
+    """Never a silently wrong document: the run fails, naming the event (key and offset) and why."""
+    topic = harness.mongo_topic("unfoldable")
+    harness.land(topic, changes, tmp_path)
+    harness.write_model(topic)
+    assert not harness.build(topic)
+    log = (harness.project / "logs" / "dbt.log").read_text()
+    offset = len(changes) - 1
+    event = f'key {{"id":"7"}} ({topic.name} partition 0 offset {offset})'
+    assert f"cdclake: model '{topic.table}': cannot fold the MongoDB update of {event}: {reason}" in log
+    assert harness.spark.sql(f"show tables in silver like '{topic.table}'").count() == 0  # nothing written
+
+
+def test_fake_mongodb_change_streams_mode(harness: SilverHarness, tmp_path: Path) -> None:
+    """The fake MongoDB connector in capture.mode=change_streams (updates without after), two units of work:
+    silver's documents equal the source's."""
+    from ingest.demo import check_source
+    from ingest.fakes import build_stream, continue_stream, to_kcat_json
+
+    topic = harness.mongo_topic("fake")
+    stream = build_stream("mongodb", seed=3, n_keys=12, n_changes=80, capture_mode="change_streams")
+    for part, current in enumerate([stream, continue_stream(stream, 80)]):
+        records = [
+            to_kcat_json(dataclasses.replace(record, topic=topic.name))
+            for record in current.new_records
+            if record.topic == current.data_topic
+        ]
+        updates = [
+            orjson.loads(r["payload"])["payload"] for r in records if r["payload"] and '"op":"u"' in r["payload"]
+        ]
+        assert updates
+        assert all(update["after"] is None for update in updates)
+        harness.land_lines(f"{topic.table}-{part}", records, tmp_path)
+        harness.write_model(topic)
+        assert harness.build(topic)
+        check = check_source(harness.spark, current, topic.table, "silver")
+        assert check.mismatches == []
+        assert check.silver_rows == check.expected_rows

@@ -1,0 +1,200 @@
+"""history='scd2' with real dbt on real Spark and Iceberg: versions, replays, late changes, truncate, full refresh."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from tests.silver_harness import Change, SilverHarness, Topic, Version
+from tests.spark_fixtures import SparkLakehouse
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+C, U, D, R, T = "c", "u", "d", "r", "t"
+HARD = "history='scd2'"
+SOFT = "history='scd2', delete_mode='soft'"
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness
+
+
+def apply(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, config: str = HARD) -> None:
+    harness.land(topic, changes, dumps)
+    harness.write_model(topic, config)
+    assert harness.build(topic), "dbt build failed"
+
+
+def source_ts(lsn: int) -> dt.datetime:
+    """The harness writes source.ts_ms = 1_700_000_000_000 + lsn; pyspark gives naive UTC datetimes."""
+    return dt.datetime(2023, 11, 14, 22, 13, 20) + dt.timedelta(milliseconds=lsn)
+
+
+def test_versions_of_a_create_update_update_delete_history(harness: SilverHarness, tmp_path: Path) -> None:
+    hard, soft = harness.topic("cuud_hard"), harness.topic("cuud_soft")
+    history = [Change(C, 1, 10, "a"), Change(U, 1, 20, "b"), Change(U, 1, 30, "c"), Change(D, 1, 40)]
+    apply(harness, hard, history, tmp_path)
+    apply(harness, soft, history, tmp_path, SOFT)
+    assert harness.history(hard) == [
+        Version(1, 10, 0, C, "a", 20, False),
+        Version(1, 20, 1, U, "b", 30, False),
+        Version(1, 30, 2, U, "c", 40, False),  # closed by the delete: no current version
+    ]
+    assert harness.history(hard) == hard.expected_history()
+    assert harness.history(soft) == soft.expected_history(soft=True)
+    assert harness.history(soft)[-1] == Version(1, 40, 3, D, None, None, True)  # the delete marker is current
+    rows = harness.rows(f"silver.{soft.table}", order="_cdc_valid_from")
+    assert [row["_cdc_deleted"] for row in rows] == [False, False, False, True]
+    assert [(row["_cdc_valid_from_ts"], row["_cdc_valid_to_ts"]) for row in rows] == [
+        (source_ts(10), source_ts(20)),
+        (source_ts(20), source_ts(30)),
+        (source_ts(30), source_ts(40)),
+        (source_ts(40), None),
+    ]
+    assert all(row["_cdc_applied_at"] is not None for row in rows)
+    assert {"id", "v", "n", "_cdc_is_current", "_cdc_valid_to", "_cdc_op", "_cdc_offset"} <= rows[0].keys()
+    # Hard deletes: the delete is kept in the tombstones table, so a late change before it stays closed.
+    tombstones = harness.rows(f"silver.{hard.table}__cdc_tombstones")
+    assert [(row["id"], row["_cdc_order"], row["_cdc_op"]) for row in tombstones] == [(1, [40, 40], D)]
+
+
+def test_replays_and_reruns_change_nothing(harness: SilverHarness, tmp_path: Path) -> None:
+    topic = harness.topic("scd2_replay")
+    changes = [
+        Change(C, 1, 1, "a"),
+        Change(C, 2, 2, "b"),
+        Change(U, 1, 3, "a2"),
+        Change(D, 2, 4),
+        Change(C, 2, 5, "b2"),
+    ]
+    apply(harness, topic, changes, tmp_path)
+    before = harness.rows(f"silver.{topic.table}", order="id, _cdc_valid_from")
+    snapshot = harness.silver_snapshot(topic)
+    assert harness.build(topic)  # nothing new: no commit
+    assert harness.silver_snapshot(topic) == snapshot
+    apply(harness, topic, changes, tmp_path)  # the same changes land again, at new offsets
+    apply(harness, topic, changes[1:3], tmp_path)  # and a part of them once more
+    # Not a row rewritten: same versions, same offsets (the first landed copy), same _cdc_applied_at.
+    assert harness.rows(f"silver.{topic.table}", order="id, _cdc_valid_from") == before
+    assert harness.history(topic) == topic.expected_history()
+
+
+@pytest.mark.parametrize("config", [HARD, SOFT], ids=["hard", "soft"])
+def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path, config: str) -> None:
+    topic = harness.topic("scd2_late")
+    soft = "soft" in config
+    apply(
+        harness,
+        topic,
+        [Change(C, 1, 10, "a"), Change(U, 1, 30, "c"), Change(C, 2, 10, "x"), Change(D, 2, 30)],
+        tmp_path,
+        config,
+    )
+    # A late update in the middle of key 1's history, a late update of key 2 before its delete, and a delete of
+    # key 3 that arrives before the insert it follows (the insert comes later and must stay closed).
+    apply(harness, topic, [Change(U, 1, 20, "b"), Change(U, 2, 20, "y"), Change(D, 3, 50)], tmp_path, config)
+    apply(harness, topic, [Change(C, 3, 40, "late insert"), Change(U, 1, 5, "before the insert")], tmp_path, config)
+    history = harness.history(topic)
+    assert history == topic.expected_history(soft=soft)
+    key1 = [(v.valid_from, v.v, v.valid_to, v.is_current) for v in history if v.id == 1]
+    assert key1 == [
+        (5, "before the insert", 10, False),
+        (10, "a", 20, False),
+        (20, "b", 30, False),
+        (30, "c", None, True),
+    ]
+    live = [(v.id, v.v) for v in history if v.is_current and v.op != D]
+    assert live == [(1, "c")]
+
+
+def test_truncate_ends_every_open_version(harness: SilverHarness, tmp_path: Path) -> None:
+    for config in (HARD, SOFT):
+        topic = harness.topic("scd2_truncate")
+        apply(
+            harness,
+            topic,
+            [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(D, 3, 4)],
+            tmp_path,
+            config,
+        )
+        apply(harness, topic, [Change(U, 2, 6, "b2"), Change(C, 4, 12, "new")], tmp_path, config)
+        # The truncate at 10 ends keys 1 and 2 (key 3 was deleted before it); key 4 was created after it; an
+        # insert older than it, landing with it, is ended by it too.
+        apply(harness, topic, [Change(T, 0, 10), Change(C, 5, 8, "older")], tmp_path, config)
+        history = harness.history(topic)
+        assert history == topic.expected_history(soft="soft" in config)
+        ends = {v.id: v.valid_to for v in history if v.op in "cur" and v.valid_to is not None}
+        assert ends == {1: 10, 2: 10, 5: 10, 3: 4}
+        assert [(v.id, v.v) for v in history if v.is_current and v.op in "cur"] == [(4, "new")]
+
+
+def test_full_refresh_gives_the_same_table(harness: SilverHarness, tmp_path: Path) -> None:
+    for config in (HARD, SOFT):
+        topic = harness.topic("scd2_refresh")
+        apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
+        apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], tmp_path, config)
+        apply(harness, topic, [Change(U, 1, 3, "late"), Change(T, 0, 6), Change(C, 1, 7, "again")], tmp_path, config)
+        names = [c for c in harness.spark.table(f"silver.{topic.table}").columns if c != "_cdc_applied_at"]
+        columns = ", ".join(names)
+        incremental = harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset")
+        assert harness.build(topic, "--full-refresh")
+        assert harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset") == incremental
+        assert harness.history(topic) == topic.expected_history(soft="soft" in config)
+
+
+def test_switching_history_needs_a_full_refresh(harness: SilverHarness, tmp_path: Path) -> None:
+    topic = harness.topic("scd2_switch")
+    apply(harness, topic, [Change(C, 1, 1, "a")], tmp_path, "")
+    harness.land(topic, [Change(U, 1, 2, "b")], tmp_path)
+    harness.write_model(topic, HARD)
+    assert not harness.build(topic)
+    assert "rebuild it with --full-refresh" in (harness.project / "logs" / "dbt.log").read_text()
+    assert harness.build(topic, "--full-refresh")
+    assert harness.history(topic) == topic.expected_history()
+
+
+changes_strategy = st.lists(
+    st.tuples(st.sampled_from("cudr"), st.integers(1, 3), st.integers(1, 40), st.sampled_from(["p", "q", None])),
+    min_size=1,
+    max_size=10,
+)
+
+
+# Each example runs dbt a few times: few examples, and no shrinking (it would run dbt hundreds of times).
+@settings(
+    max_examples=4,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(batches=st.lists(changes_strategy, min_size=1, max_size=3), replay=st.booleans(), soft=st.booleans())
+def test_random_histories_match_the_reference_model(
+    harness: SilverHarness,
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[tuple[str, int, int, str | None]]],
+    replay: bool,
+    soft: bool,
+) -> None:
+    """Random per-key histories, random batching, duplicates, late changes and replays: the versions equal the
+    reference model's after every batch, and a full refresh gives the same versions."""
+    topic = harness.topic("scd2_property")
+    dumps = tmp_path_factory.mktemp("scd2_property")
+    config = SOFT if soft else HARD
+    landed: list[Change] = []
+    for batch in batches:
+        changes = [Change(op, key, lsn, None if op == "d" else (value or "v")) for op, key, lsn, value in batch]
+        if replay and landed:
+            changes = landed[: len(landed) // 2] + changes  # replay of an old segment
+        landed.extend(changes)
+        apply(harness, topic, changes, dumps, config)
+        assert harness.history(topic) == topic.expected_history(soft=soft)
+    assert harness.build(topic, "--full-refresh")
+    assert harness.history(topic) == topic.expected_history(soft=soft)
