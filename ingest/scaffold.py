@@ -10,7 +10,7 @@ import fnmatch
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -53,24 +53,56 @@ def _write(path: Path, body: str, comment: str, report: ScaffoldReport) -> None:
     report.written.append(path)
 
 
-def model_sql(table: str, keys: list[str], namespace: str) -> str:
+History = Literal["current", "scd2"]
+HISTORIES: tuple[History, ...] = ("current", "scd2")
+
+# The metadata columns a silver model's YAML describes, per history.
+_METADATA_COLUMNS: dict[History, list[tuple[str, str]]] = {
+    "current": [
+        ("_cdc_order", "Source position of the applied change (per connector)."),
+        ("_cdc_op", "Op of the applied change (c, u, r)."),
+        ("_cdc_source_ts", "When the change was made in the source database."),
+        ("_cdc_applied_at", "When cdclake applied it to silver."),
+    ],
+    "scd2": [
+        ("_cdc_valid_from", "Source position of the change that made this version."),
+        ("_cdc_valid_to", "Source position of the key's next change (update, delete, truncate); null while current."),
+        ("_cdc_valid_from_ts", "When the change that made this version was made in the source database."),
+        ("_cdc_valid_to_ts", "When the key's next change was made in the source database."),
+        ("_cdc_is_current", "True for the key's latest version."),
+        ("_cdc_op", "Op of the change that made this version (c, u, r)."),
+        ("_cdc_applied_at", "When cdclake last wrote this row."),
+    ],
+}
+
+
+def model_sql(table: str, keys: list[str], namespace: str, history: History = "current") -> str:
     key_list = ", ".join(repr(key) for key in keys)
+    options = f"keys=[{key_list}]" + (", history='scd2'" if history == "scd2" else "")
     return (
-        f"{{{{ config(materialized='cdc_silver', keys=[{key_list}]) }}}}\n"
+        f"{{{{ config(materialized='cdc_silver', {options}) }}}}\n"
         f"select * from {{{{ source('{namespace}', '{table}') }}}}\n"
     )
 
 
-def model_yaml(table: str, keys: list[str], namespace: str, topic: str | None) -> dict[str, Any]:
+def model_yaml(
+    table: str, keys: list[str], namespace: str, topic: str | None, history: History = "current"
+) -> dict[str, Any]:
     bronze = f"{{{{ source('{namespace}', '{table}') }}}}"
     origin = f" (topic {topic})" if topic else ""
+    description = (
+        f"Current state of the source table behind bronze.{table}{origin}: "
+        "net-effect apply of its change events (last change per key wins, deletes delete)."
+        if history == "current"
+        else f"Version history (SCD type 2) of the source table behind bronze.{table}{origin}: "
+        "one row per version of each key, valid from its change until the key's next change."
+    )
     return {
         "version": 2,
         "models": [
             {
                 "name": table,
-                "description": f"Current state of the source table behind bronze.{table}{origin}: "
-                "net-effect apply of its change events (last change per key wins, deletes delete).",
+                "description": description,
                 "data_tests": [
                     {"cdclake.cdclake_keys_unique": {"arguments": {"keys": list(keys)}}},
                     {"cdclake.cdclake_equals_recompute": {"arguments": {"bronze": bronze, "keys": list(keys)}}},
@@ -80,12 +112,7 @@ def model_yaml(table: str, keys: list[str], namespace: str, topic: str | None) -
                     {"name": key, "description": "Key column (from the Debezium key).", "data_tests": ["not_null"]}
                     for key in keys
                 ]
-                + [
-                    {"name": "_cdc_order", "description": "Source position of the applied change (per connector)."},
-                    {"name": "_cdc_op", "description": "Op of the applied change (c, u, r)."},
-                    {"name": "_cdc_source_ts", "description": "When the change was made in the source database."},
-                    {"name": "_cdc_applied_at", "description": "When cdclake applied it to silver."},
-                ],
+                + [{"name": name, "description": text} for name, text in _METADATA_COLUMNS[history]],
             }
         ],
     }
@@ -130,7 +157,9 @@ def table_keys(tables: BronzeTables, name: str) -> tuple[list[str] | None, str |
     return [field.name for field in key_type.fields], topic, ""  # type: ignore[attr-defined]
 
 
-def scaffold(tables: BronzeTables, project_dir: Path, select: str | None = None) -> ScaffoldReport:
+def scaffold(
+    tables: BronzeTables, project_dir: Path, select: str | None = None, history: History = "current"
+) -> ScaffoldReport:
     report = ScaffoldReport()
     names = [name for name in tables.list_tables() if name != DEAD_LETTER_TABLE]
     models = project_dir / "models" / "silver"
@@ -149,10 +178,10 @@ def scaffold(tables: BronzeTables, project_dir: Path, select: str | None = None)
             if not reason.startswith("not a change table"):
                 report.skipped[name] = reason
             continue
-        _write(models / f"{name}.sql", model_sql(name, keys, namespace), "--", report)
+        _write(models / f"{name}.sql", model_sql(name, keys, namespace, history), "--", report)
         _write(
             models / f"{name}.yml",
-            yaml.safe_dump(model_yaml(name, keys, namespace, topic), sort_keys=False),
+            yaml.safe_dump(model_yaml(name, keys, namespace, topic, history), sort_keys=False),
             "#",
             report,
         )

@@ -74,3 +74,17 @@ def test_table_without_key_is_reported_and_skipped(lakehouse: Path, tmp_path: Pa
     assert "ifx_s_nokey" in report.skipped
     assert "no key" in report.skipped["ifx_s_nokey"]
     assert not (tmp_path / "project" / "models" / "silver" / "ifx_s_nokey.sql").exists()
+
+
+def test_scaffold_history_models(lakehouse: Path, tmp_path: Path) -> None:
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    scaffold(tables, project, select="*customers", history="scd2")
+    models = project / "models" / "silver"
+    sql = (models / "dbserver1_inventory_customers.sql").read_text()
+    assert "materialized='cdc_silver', keys=['id'], history='scd2'" in sql
+    described = (models / "dbserver1_inventory_customers.yml").read_text()
+    assert "_cdc_valid_from" in described
+    assert "_cdc_is_current" in described
+    assert "_cdc_order" not in described
+    assert "cdclake.cdclake_keys_unique" in described  # the generic tests read history tables too

@@ -9,8 +9,15 @@ from ingest.cli.common import settings_from
 
 @click.command()
 @click.option("--select", "select", default=None, help="Only bronze tables matching this glob pattern.")
+@click.option(
+    "--history",
+    type=click.Choice(["current", "scd2"]),
+    default="current",
+    show_default=True,
+    help="What new models keep: each key's current state, or every version (SCD type 2).",
+)
 @click.pass_context
-def scaffold(ctx: click.Context, select: str | None) -> int:
+def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
     """Write models/silver/<table>.sql and .yml for each bronze table (never overwriting an edited file)."""
     from ingest.bronze.tables import BronzeTables
     from ingest.dbt_runner import project_dir
@@ -19,7 +26,7 @@ def scaffold(ctx: click.Context, select: str | None) -> int:
 
     settings = settings_from(ctx)
     tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
-    report = run_scaffold(tables, project_dir(settings), select)
+    report = run_scaffold(tables, project_dir(settings), select, "scd2" if history == "scd2" else "current")
     for path in report.written:
         click.echo(f"wrote {path}")
     for path in report.kept:

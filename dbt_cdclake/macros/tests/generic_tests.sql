@@ -1,11 +1,34 @@
-{#- Generic tests shipped with cdclake; `cdclake scaffold` adds them to every silver model's YAML. -#}
+{#- Generic tests shipped with cdclake; `cdclake scaffold` adds them to every silver model's YAML. They work on
+    current-state tables and on history tables (history='scd2'), whose current rows are the current state. -#}
 
-{#- Each key appears once in silver. -#}
+{#-
+  How to read a silver table: `live`, a condition true for its rows that are current and not (soft) deleted;
+  `current`, true for its current rows; `order`, the column with the position of the change that made the row.
+-#}
+{% macro silver_shape(model) -%}
+  {%- set columns = adapter.get_columns_in_relation(model) | map(attribute='name') | list if execute else [] -%}
+  {%- set current = '_cdc_is_current' if '_cdc_is_current' in columns else 'true' -%}
+  {%- set live = current ~ (' and _cdc_deleted is not true' if '_cdc_deleted' in columns else '') -%}
+  {{ return({'current': current, 'live': live, 'history': '_cdc_is_current' in columns,
+             'order': '_cdc_valid_from' if '_cdc_valid_from' in columns else '_cdc_order'}) }}
+{%- endmacro %}
+
+
+{#- Each key appears once in silver (in a history table: once among the current rows, and each version once). -#}
 {% test cdclake_keys_unique(model, keys) %}
-  select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
+  {%- set shape = cdclake.silver_shape(model) -%}
+  select 'key in more than one current row' as problem, {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
   from {{ model }}
+  where {{ shape.current }}
   group by {% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   having count(*) > 1
+  {%- if shape.history %}
+  union all
+  select 'version stored more than once' as problem, {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
+  from {{ model }}
+  group by {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_valid_from, _cdc_op, _cdc_offset
+  having count(*) > 1
+  {%- endif %}
 {% endtest %}
 
 
@@ -25,6 +48,10 @@
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
     from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %}
     where op in ('c', 'u', 'd', 'r')
+      {#- the latest truncate voids every change older than it -#}
+      and not coalesce(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset) < (
+        select max(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset))
+        from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %} where op = 't'), false)
   ) where _cdc_rank = 1
 {%- endmacro %}
 
@@ -38,14 +65,14 @@
 
 {#- Silver equals a full recomputation from bronze: same live keys, each at the same change. -#}
 {% test cdclake_equals_recompute(model, bronze, keys) %}
-  {%- set live = '_cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
+  {%- set shape = cdclake.silver_shape(model) -%}
   with expected as (
     select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
     from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) where _cdc_op <> 'd'
   ),
   actual as (
-    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset
-    from {{ model }} where {{ live }}
+    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{{ shape.order }} as _cdc_order, _cdc_op, _cdc_offset
+    from {{ model }} where {{ shape.live }}
   )
   (select 'missing from silver' as problem, * from (select * from expected except select * from actual))
   union all
@@ -55,10 +82,10 @@
 
 {#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
 {% test cdclake_no_deleted_keys(model, bronze, keys) %}
-  {%- set live = 's._cdc_deleted is not true' if '_cdc_deleted' in (adapter.get_columns_in_relation(model) | map(attribute='name') | list) else 'true' -%}
+  {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
   join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
-  where latest._cdc_op = 'd' and {{ live }}
+  where latest._cdc_op = 'd' and {{ shape.live }}
 {% endtest %}

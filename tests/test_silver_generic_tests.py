@@ -1,0 +1,108 @@
+"""The generic dbt tests cdclake ships (keys unique, equals recomputation, no deleted keys): they pass on what
+cdc_silver builds — current state and history, hard and soft deletes, late changes and truncates — and each one
+fails when silver is wrong."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+import pytest
+import yaml
+from pyspark.sql import functions as F
+
+from ingest.dbt_runner import run_dbt
+from ingest.scaffold import History, model_yaml
+from tests.silver_harness import Change, SilverHarness, Topic
+from tests.spark_fixtures import SparkLakehouse
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+C, U, D, T = "c", "u", "d", "t"
+FIRST = [
+    *[Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(D, 3, 4), Change(C, 6, 5, "f")],
+    *[Change(C, 4, 12, "d"), Change(U, 4, 14, "d2")],
+]
+# A truncate at 10 voids everything before it, including a create at 8 landing with it; a late update of key 4
+# (13, after the applied 14) is ignored by current state and lands in its place in a history.
+SECOND = [Change(T, 0, 10), Change(C, 5, 8, "older"), Change(U, 4, 13, "late"), Change(U, 1, 20, "a2")]
+SECOND += [Change(C, 7, 21, "g"), Change(D, 7, 22)]
+TESTS = ("cdclake_keys_unique", "cdclake_equals_recompute", "cdclake_no_deleted_keys")
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness
+
+
+CONFIGS: dict[str, tuple[History, str]] = {
+    "current_hard": ("current", ""),
+    "current_soft": ("current", "delete_mode='soft'"),
+    "scd2_hard": ("scd2", "history='scd2'"),
+    "scd2_soft": ("scd2", "history='scd2', delete_mode='soft'"),
+}
+
+
+@pytest.fixture(scope="module")
+def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Topic]:
+    """One silver table per config from two units of work, each with the YAML `cdclake scaffold` writes (the
+    tests); `dbt build` runs the tests after each unit and must pass."""
+    dumps = tmp_path_factory.mktemp("dumps")
+    topics = {name: harness.topic(f"generic_{name}") for name in CONFIGS}
+    for name, (history, config) in CONFIGS.items():
+        harness.write_model(topics[name], config)
+        described = model_yaml(topics[name].table, ["id"], "bronze", None, history)
+        (harness.project / "models" / "silver" / f"{topics[name].table}.yml").write_text(yaml.safe_dump(described))
+    for unit in (FIRST, SECOND):
+        for topic in topics.values():
+            harness.land(topic, unit, dumps)
+        tables = [topic.table for topic in topics.values()]
+        assert run_dbt(harness.settings, ["build", "--select", *tables]), "dbt build failed (a model or a test)"
+    return topics
+
+
+def failed_tests(harness: SilverHarness, topic: Topic) -> set[str]:
+    """The shipped tests that fail on ``topic``'s silver table (one `dbt test` run)."""
+    run_dbt(harness.settings, ["test", "--select", topic.table])
+    results = orjson.loads((harness.project / "target" / "run_results.json").read_bytes())["results"]
+    assert len(results) == len(TESTS) + 1  # + not_null of the key
+    return {name for result in results for name in TESTS if name in result["unique_id"] and result["status"] != "pass"}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shipped_tests_pass_on_silver(harness: SilverHarness, built: dict[str, Topic], name: str) -> None:
+    history, config = CONFIGS[name]
+    live = " and ".join(
+        ["true"]
+        + (["_cdc_is_current"] if history == "scd2" else [])
+        + (["not _cdc_deleted"] if "soft" in config else [])
+    )
+    assert harness.silver(built[name], live) == {1: "a2", 4: "d2"}  # what the tests accepted is right
+    assert failed_tests(harness, built[name]) == set()
+
+
+@pytest.mark.parametrize("name", ["current_hard", "scd2_hard"])
+def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: dict[str, Topic], name: str) -> None:
+    topic = built[name]
+    table = f"silver.{topic.table}"
+    good = harness.silver_snapshot(topic)
+    current = "_cdc_is_current" if CONFIGS[name][0] == "scd2" else "true"
+    rows = harness.spark.table(table).where(f"id = 1 and {current}")
+    corruptions: dict[str, Callable[[], object]] = {
+        # a key twice
+        "cdclake_keys_unique": lambda: rows.writeTo(table).append(),
+        # a live key lost
+        "cdclake_equals_recompute": lambda: harness.spark.sql(f"delete from {table} where id = 4").collect(),
+        # key 7, whose latest change in bronze is a delete, present as a live row
+        "cdclake_no_deleted_keys": lambda: rows.withColumn("id", F.lit(7)).writeTo(table).append(),
+    }
+    try:
+        for test, corruption in corruptions.items():
+            corruption()
+            assert test in failed_tests(harness, topic), f"{test} did not fail on a silver table it should reject"
+            harness.spark.sql(f"call lake.system.rollback_to_snapshot('{table}', {good})")
+    finally:
+        harness.spark.sql(f"call lake.system.rollback_to_snapshot('{table}', {good})")
+    assert failed_tests(harness, topic) == set()
