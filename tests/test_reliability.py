@@ -503,6 +503,7 @@ def test_two_ingesters_and_dbt_at_once_sqlite(broker: TansuBroker, tmp_path: Pat
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.dbt
+@pytest.mark.slow  # the same race against the server catalog (scale-out tests cover PostgreSQL in `make test`)
 def test_two_ingesters_and_dbt_at_once_postgres(
     broker: TansuBroker,  # noqa: F811
     postgres_server: Any,

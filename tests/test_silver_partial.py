@@ -210,7 +210,7 @@ ANNE = {
 BOB = {"_id": 2, "name": "Bob", "score": 1}
 
 
-@pytest.mark.parametrize("schemas", [True, False], ids=["typed", "schemaless"])
+@pytest.mark.parametrize("schemas", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["typed", "schemaless"])
 def test_mongodb_update_descriptions_fold_into_documents(harness: SilverHarness, tmp_path: Path, schemas: bool) -> None:
     topic = harness.mongo_topic("update_description", schemas)
     config = "" if schemas else "keys=['id']"

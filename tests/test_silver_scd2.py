@@ -114,39 +114,39 @@ def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path
     assert live == [(1, "c")]
 
 
-def test_truncate_ends_every_open_version(harness: SilverHarness, tmp_path: Path) -> None:
-    for config in (HARD, SOFT):
-        topic = harness.topic("scd2_truncate")
-        apply(
-            harness,
-            topic,
-            [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(D, 3, 4)],
-            tmp_path,
-            config,
-        )
-        apply(harness, topic, [Change(U, 2, 6, "b2"), Change(C, 4, 12, "new")], tmp_path, config)
-        # The truncate at 10 ends keys 1 and 2 (key 3 was deleted before it); key 4 was created after it; an
-        # insert older than it, landing with it, is ended by it too.
-        apply(harness, topic, [Change(T, 0, 10), Change(C, 5, 8, "older")], tmp_path, config)
-        history = harness.history(topic)
-        assert history == topic.expected_history(soft="soft" in config)
-        ends = {v.id: v.valid_to for v in history if v.op in "cur" and v.valid_to is not None}
-        assert ends == {1: 10, 2: 10, 5: 10, 3: 4}
-        assert [(v.id, v.v) for v in history if v.is_current and v.op in "cur"] == [(4, "new")]
+@pytest.mark.parametrize("config", [HARD, pytest.param(SOFT, marks=pytest.mark.slow)], ids=["hard", "soft"])
+def test_truncate_ends_every_open_version(harness: SilverHarness, tmp_path: Path, config: str) -> None:
+    topic = harness.topic("scd2_truncate")
+    apply(
+        harness,
+        topic,
+        [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(D, 3, 4)],
+        tmp_path,
+        config,
+    )
+    apply(harness, topic, [Change(U, 2, 6, "b2"), Change(C, 4, 12, "new")], tmp_path, config)
+    # The truncate at 10 ends keys 1 and 2 (key 3 was deleted before it); key 4 was created after it; an
+    # insert older than it, landing with it, is ended by it too.
+    apply(harness, topic, [Change(T, 0, 10), Change(C, 5, 8, "older")], tmp_path, config)
+    history = harness.history(topic)
+    assert history == topic.expected_history(soft="soft" in config)
+    ends = {v.id: v.valid_to for v in history if v.op in "cur" and v.valid_to is not None}
+    assert ends == {1: 10, 2: 10, 5: 10, 3: 4}
+    assert [(v.id, v.v) for v in history if v.is_current and v.op in "cur"] == [(4, "new")]
 
 
-def test_full_refresh_gives_the_same_table(harness: SilverHarness, tmp_path: Path) -> None:
-    for config in (HARD, SOFT):
-        topic = harness.topic("scd2_refresh")
-        apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
-        apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], tmp_path, config)
-        apply(harness, topic, [Change(U, 1, 3, "late"), Change(T, 0, 6), Change(C, 1, 7, "again")], tmp_path, config)
-        names = [c for c in harness.spark.table(f"silver.{topic.table}").columns if c != "_cdc_applied_at"]
-        columns = ", ".join(names)
-        incremental = harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset")
-        assert harness.build(topic, "--full-refresh")
-        assert harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset") == incremental
-        assert harness.history(topic) == topic.expected_history(soft="soft" in config)
+@pytest.mark.parametrize("config", [HARD, pytest.param(SOFT, marks=pytest.mark.slow)], ids=["hard", "soft"])
+def test_full_refresh_gives_the_same_table(harness: SilverHarness, tmp_path: Path, config: str) -> None:
+    topic = harness.topic("scd2_refresh")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
+    apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], tmp_path, config)
+    apply(harness, topic, [Change(U, 1, 3, "late"), Change(T, 0, 6), Change(C, 1, 7, "again")], tmp_path, config)
+    names = [c for c in harness.spark.table(f"silver.{topic.table}").columns if c != "_cdc_applied_at"]
+    columns = ", ".join(names)
+    incremental = harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset")
+    assert harness.build(topic, "--full-refresh")
+    assert harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset") == incremental
+    assert harness.history(topic) == topic.expected_history(soft="soft" in config)
 
 
 def test_switching_history_needs_a_full_refresh(harness: SilverHarness, tmp_path: Path) -> None:
