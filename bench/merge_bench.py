@@ -18,15 +18,19 @@ exactly the layout `cdclake ingest` writes for a typed Debezium topic: ``_cdc_*`
 
 Every figure is the wall time of one in-process ``dbt run --select <model>`` (the SparkSession is shared, so no
 JVM start is included); the statements dbt sends are timed too (dbt-spark's session cursor is wrapped), which
-gives the MERGE alone. Run with ``python -m bench.merge_bench`` (``--quick`` for small sizes) or
-``python -m bench --only merge``. Full runs replace the "Merge (silver)" section of docs/benchmarks.md.
+gives the statements that write silver alone. Run with ``python -m bench.merge_bench`` (``--quick`` for small
+sizes) or ``python -m bench --only merge``. Full runs replace the "Merge (silver)" section of docs/benchmarks.md.
+``--setup-cache DIR`` keeps the generated bronze histories and initialised tables on disk (keyed by the sizes,
+this file and the dbt package), so a rerun skips generating them (the 100M-row history takes ~15 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -356,12 +360,15 @@ class Run:
     load: float
 
     def seconds_of(self, pattern: str) -> float:
-        return sum(s.seconds for s in self.statements if re.match(pattern, s.sql, flags=re.IGNORECASE))
+        return sum(s.seconds for s in self.statements if re.search(pattern, s.sql, flags=re.IGNORECASE))
 
     @property
-    def merge_s(self) -> float:
-        """The MERGE into the model's own table (not the tombstones')."""
-        return self.seconds_of(rf"merge into \S*\b{re.escape(self.model)}\b(?!__)")
+    def write_s(self) -> float:
+        """The statements that change the model's own table (not the tombstones' nor the batch's): cdc_silver's
+        DELETE and INSERT (on a branch) and the fast-forward of main to it; the stock model's MERGE."""
+        name = re.escape(self.model)
+        own = rf"(merge into|delete from|insert into) \S*\b{name}\b(?!__)|call \S*fast_forward\(table => '\S*\b{name}'"
+        return self.seconds_of(rf"^\s*(--[^\n]*\n\s*)*({own})")
 
     def top(self, count: int = 6) -> list[Statement]:
         return sorted(self.statements, key=lambda s: s.seconds, reverse=True)[:count]
@@ -406,6 +413,7 @@ class Setup:
     silver_rows: int = 0
     verified: str = ""
     stock_extra_rows: int = 0
+    cached: bool = False  # restored from --setup-cache: load_s and the init runs are those of the cached build
 
 
 @dataclass
@@ -481,6 +489,7 @@ def say(message: str) -> None:
 
 
 def prepare(bench: Bench, bronze: Bronze) -> Setup:
+    """Bronze history, then the first run of cdc_silver and of the stock model."""
     settings, spark = bench.settings, bench.spark
     create_bronze(settings, bronze)
     start = time.perf_counter()
@@ -491,11 +500,73 @@ def prepare(bench: Bench, bronze: Bronze) -> Setup:
     say(f"{bronze.table}: cdc_silver first run (init, {bronze.keys:,} rows) {cdc_init.wall_s:.1f} s")
     stock_init = bench.dbt(f"{bronze.table}_stock")
     say(f"{bronze.table}_stock: first run (init) {stock_init.wall_s:.1f} s")
-    append_unit(spark, bronze, WARMUP_UNIT)
+    return Setup(bronze, history, load_s, cdc_init, stock_init)
+
+
+def warm_up(bench: Bench, bronze: Bronze) -> None:
+    """One small unit through both incremental models (first incremental run, JIT), right before measuring."""
+    append_unit(bench.spark, bronze, WARMUP_UNIT)
     for model in (f"{bronze.table}_stock", bronze.table):
         warm = bench.dbt(model)
         say(f"{model}: warm-up unit of {WARMUP_UNIT:,} changes {warm.wall_s:.1f} s (not reported)")
-    return Setup(bronze, history, load_s, cdc_init, stock_init)
+
+
+# -- the setup cache (--setup-cache) -------------------------------------------------------------------------------
+CACHED_PATHS = ("warehouse", "catalog.db")
+
+
+def setup_cache_key(root: Path, sizes: Sequence[int], factors: Sequence[int]) -> str:
+    """What the cached lakehouse depends on: where it lives (metadata holds absolute paths), the sizes, this file
+    (the generator and the models) and the dbt package (which built the silver tables)."""
+    digest = hashlib.sha256(json.dumps([str(root.resolve()), list(sizes), list(factors)]).encode())
+    digest.update(Path(__file__).read_bytes())
+    package = PROJECT_ROOT / "dbt_cdclake"
+    for path in sorted(p for p in package.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def restore_setups(cache: Path, root: Path) -> list[Setup] | None:
+    """Copy a cached lakehouse into ``root`` (before any client opens it); None when there is none."""
+    manifest = cache / "setups.json"
+    if not manifest.is_file():
+        return None
+    for name in CACHED_PATHS:
+        source, target = cache / name, root / name
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+    setups = []
+    for item in json.loads(manifest.read_text()):
+        bronze = Bronze(**item["bronze"])
+        cdc_init = Run(bronze.table, item["cdc_init_s"], item["cdc_init_s"], [], 0.0)
+        stock_init = Run(f"{bronze.table}_stock", item["stock_init_s"], item["stock_init_s"], [], 0.0)
+        setups.append(Setup(bronze, item["history_rows"], item["load_s"], cdc_init, stock_init, cached=True))
+    return setups
+
+
+def save_setups(cache: Path, root: Path, setups: list[Setup]) -> None:
+    if cache.exists():
+        shutil.rmtree(cache)
+    cache.mkdir(parents=True)
+    for name in CACHED_PATHS:
+        source, target = root / name, cache / name
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copy2(source, target)
+    manifest = [
+        {
+            "bronze": dataclasses.asdict(setup.bronze),
+            "history_rows": setup.history_rows,
+            "load_s": setup.load_s,
+            "cdc_init_s": setup.cdc_init.wall_s,
+            "stock_init_s": setup.stock_init.wall_s,
+        }
+        for setup in setups
+    ]
+    (cache / "setups.json").write_text(json.dumps(manifest, indent=1))
 
 
 def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement:
@@ -511,7 +582,7 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
     row = Measurement(bronze.keys, bronze.history_factor, bronze.next_offset, unit, cdc_runs, stock_runs, full)
     cdc = row.cdc
     say(
-        f"{bronze.table} U={unit:,}: cdc_silver {cdc.wall_s:.1f} s (MERGE {cdc.merge_s:.1f} s, "
+        f"{bronze.table} U={unit:,}: cdc_silver {cdc.wall_s:.1f} s (silver write {cdc.write_s:.1f} s, "
         f"{row.rate:,.0f} changes/s; runs {_spread(cdc_runs)}), full {full.wall_s:.1f} s ({row.full_ratio:.1f}x), "
         f"stock {row.stock.wall_s:.1f} s ({row.stock_ratio:.1f}x; runs {_spread(stock_runs)}); "
         f"bronze appends {_spread_s(append_s)}"
@@ -554,16 +625,31 @@ def verify(bench: Bench, setup: Setup) -> None:
     )
 
 
-def run(bench: Bench, results: Results) -> None:
-    factors = sorted({1, results.history_factor})
+def history_factors(results: Results) -> list[int]:
+    return sorted({1, results.history_factor})
+
+
+def run(bench: Bench, results: Results, restored: list[Setup] | None, cache: Path | None) -> None:
+    """Every setup first (or the restored ones), then per silver size: warm-up, the units, verification."""
+    factors = history_factors(results)
     sizes = {
         size: [Bronze(f"orders_{human(size).lower()}_h{factor}", size, factor) for factor in factors]
         for size in results.sizes
     }
     write_project(bench.project.parent, [bronze for bronzes in sizes.values() for bronze in bronzes])
-    for bronzes in sizes.values():
-        setups = [prepare(bench, bronze) for bronze in bronzes]
+    if restored is not None:
+        by_table = {setup.bronze.table: setup for setup in restored}
+        prepared = {size: [by_table[bronze.table] for bronze in bronzes] for size, bronzes in sizes.items()}
+        say(f"setups restored from {cache}")
+    else:
+        prepared = {size: [prepare(bench, bronze) for bronze in bronzes] for size, bronzes in sizes.items()}
+        if cache is not None:
+            save_setups(cache, bench.project.parent, [setup for setups in prepared.values() for setup in setups])
+            say(f"setups saved to {cache}")
+    for setups in prepared.values():
         results.setups += setups
+        for setup in setups:
+            warm_up(bench, setup.bronze)
         for unit in results.units:
             for setup in setups:  # interleaved, so a change in machine load hits both histories alike
                 results.rows.append(measure(bench, setup.bronze, unit, results.repeat))
@@ -613,7 +699,7 @@ HEADER = [
     "bronze history",
     "unit of work",
     "cdc_silver s",
-    "of which MERGE s",
+    "of which silver write s",
     "changes/s",
     "full recompute s",
     "ratio",
@@ -633,7 +719,7 @@ def table_rows(results: Results) -> list[list[str]]:
                 f"{row.history_factor}x ({row.bronze_rows:,} rows)",
                 f"{row.unit:,} ({row.unit / row.silver_rows:.0%})",
                 f"{row.cdc.wall_s:.1f}",
-                f"{row.cdc.merge_s:.1f}",
+                f"{row.cdc.write_s:.1f}",
                 f"{row.rate:,.0f}",
                 f"{row.full.wall_s:.1f}",
                 f"{row.full_ratio:.1f}x",
@@ -677,7 +763,8 @@ def print_table(results: Results) -> None:
     print()
     for setup in results.setups:
         print(
-            f"  {setup.bronze.table}: history {setup.history_rows:,} rows written in {setup.load_s:.1f} s; "
+            f"  {setup.bronze.table}{' (setup cache)' if setup.cached else ''}: history {setup.history_rows:,} "
+            f"rows written in {setup.load_s:.1f} s; "
             f"init cdc_silver {setup.cdc_init.wall_s:.1f} s, stock {setup.stock_init.wall_s:.1f} s; "
             f"final silver {setup.silver_rows:,} rows, equals full recomputation: {setup.verified}; "
             f"stock keeps {setup.stock_extra_rows:,} deleted keys"
@@ -732,7 +819,9 @@ def render_markdown(results: Results) -> str:
         "matched then update set * when not matched then insert *` of the row_number-deduplicated new changes, "
         "new changes found by a literal `_cdc_offset` bound; same table properties as silver, merge-on-read). "
         "Seconds are the wall time of one in-process `dbt run --select <model>` (shared SparkSession; dbt's parse "
-        "and adapter queries included); *of which MERGE* is the MERGE statement into silver alone. Per silver "
+        "and adapter queries included); *of which silver write* is the statements that change the silver table "
+        "itself (cdc_silver: the DELETE and INSERT staged on a branch and the fast-forward of main to it; see "
+        "silver.md). Per silver "
         f"size and unit, {results.repeat} units are applied one after the other: cdc_silver and the stock merge "
         "show the median run, the full recomputation runs once after the last unit (*bronze history* is what it "
         "read). Ratios are baseline / cdc_silver; *vs 1x history* is cdc_silver's time with 10x history over the "
@@ -745,17 +834,21 @@ def render_markdown(results: Results) -> str:
         *[f"- {line}." for line in checks(results)],
     ]
     for setup in results.setups:
+        cached = " (both from the `--setup-cache` build)" if setup.cached else ""
         lines.append(
             f"- `{setup.bronze.table}`: {setup.history_rows:,} history rows written in {setup.load_s:.0f} s; first "
-            f"cdc_silver run (init) {setup.cdc_init.wall_s:.1f} s; after the last unit silver holds "
+            f"cdc_silver run (init) {setup.cdc_init.wall_s:.1f} s{cached}; after the last unit silver holds "
             f"{setup.silver_rows:,} rows and equals the full recomputation: {setup.verified}; the stock merge "
             f"keeps {setup.stock_extra_rows:,} deleted keys as rows of nulls."
         )
     if biggest is not None:
+        run = biggest.cdc
+        total = sum(statement.seconds for statement in run.statements)
         lines += [
             "",
-            f"Where cdc_silver's time goes ({biggest.silver_rows:,} rows, U = {biggest.unit:,}, 1x history; "
-            "statements dbt sent, slowest first):",
+            f"Where cdc_silver's time goes ({biggest.silver_rows:,} rows, U = {biggest.unit:,}, 1x history, the "
+            f"median run: {run.wall_s:.1f} s wall, of which {len(run.statements)} statements dbt sent "
+            f"{total:.1f} s and dbt itself (start, parse, compile) {run.wall_s - total:.1f} s; slowest first):",
             "",
             "| s | statement |",
             "|---|---|",
@@ -803,6 +896,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--driver-memory", default=None, help="spark.driver.memory (default 6g; --quick 4g)")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=f"lakehouse dir (default {DEFAULT_ROOT})")
     parser.add_argument("--keep", action="store_true", help="keep the lakehouse dir afterwards")
+    parser.add_argument(
+        "--setup-cache",
+        type=Path,
+        default=None,
+        help="keep the generated histories and initialised tables here and reuse them when nothing they depend on "
+        "changed (default: build them every run)",
+    )
     parser.add_argument("--statements", action="store_true", help="print every statement of each cdc_silver run")
     write = parser.add_mutually_exclusive_group()
     write.add_argument("--write", dest="write", action="store_true", default=None, help="update the docs")
@@ -835,6 +935,11 @@ def main(argv: Sequence[str] | None = None, events: int | None = None, quick: bo
     root.mkdir(parents=True)
     os.environ.setdefault("TZ", "UTC")
     started = time.perf_counter()
+    cache = None
+    restored = None
+    if args.setup_cache is not None:
+        cache = args.setup_cache / setup_cache_key(root, sizes, history_factors(results))
+        restored = restore_setups(cache, root)  # before the catalog is opened
     timer = StatementTimer()
     spark = None
     completed = False
@@ -852,7 +957,7 @@ def main(argv: Sequence[str] | None = None, events: int | None = None, quick: bo
             bench.verbose = args.statements
             say(f"merge benchmark: silver {sizes}, units {units}, lakehouse {root}")
             try:
-                run(bench, results)
+                run(bench, results, restored, cache)
             finally:
                 results.loads = bench.loads
         completed = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -133,13 +134,79 @@ def test_a_truncate_is_one_commit_and_holds_for_later_units(harness: SilverHarne
     before = harness.silver_snapshot(topic)
     apply(harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after")], dumps)
     assert harness.silver(topic) == {3: "after"}
-    # One commit: a reader sees the rows before the truncate or the state after it with its changes, never between.
-    table = load_catalog(harness.settings).load_table(f"silver.{topic.table}")
-    assert [s.parent_snapshot_id for s in table.snapshots()].count(before) == 1
-    assert table.snapshot_by_id(harness.silver_snapshot(topic)).parent_snapshot_id == before
+    # One step of main: a reader sees the rows before the truncate or the state after it with its changes, never
+    # between (the truncate's DELETE and the INSERT are staged on a branch that main is fast-forwarded to).
+    assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]
     # Changes from before the truncate that arrive in a later unit of work stay void.
     apply(harness, topic, [Change(U, 1, 4, "late"), Change(C, 4, 3, "late-insert"), Change(U, 3, 7, "after2")], dumps)
     assert harness.silver(topic) == {3: "after2"} == topic.expected()
+
+
+def main_steps(harness: SilverHarness, topic: Topic, since: int) -> list[int]:
+    """The snapshots main has been at after snapshot ``since`` (its snapshot log); the table must have no other ref."""
+    table = load_catalog(harness.settings).load_table(f"silver.{topic.table}")
+    assert set(table.metadata.refs) == {"main"}, f"refs other than main: {sorted(table.metadata.refs)}"
+    log = [entry.snapshot_id for entry in table.history()]
+    return log[log.index(since) + 1 :]
+
+
+def test_replaced_and_new_keys_move_main_once(harness: SilverHarness, dumps: Path) -> None:
+    """A unit that replaces, deletes and adds keys is a DELETE and an INSERT on a branch of the run, then one
+    fast-forward of main: main goes from the old state straight to the new one, and the branch is gone."""
+    topic = harness.topic("one_step")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps)
+    before = harness.silver_snapshot(topic)
+    apply(harness, topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5), Change(C, 4, 6, "d")], dumps)
+    assert harness.silver(topic) == {1: "a2", 3: "c", 4: "d"} == topic.expected()
+    after = harness.silver_snapshot(topic)
+    assert main_steps(harness, topic, before) == [after]
+    # Time travel to the snapshot before the unit still gives the old state.
+    old = harness.spark.sql(f"select id, v from silver.{topic.table} version as of {before}").collect()
+    assert {row["id"]: row["v"] for row in old} == {1: "a", 2: "b", 3: "c"}
+    # A unit of inserts (staged too: an insert may replace a row), then one of deletes only (one DELETE on main).
+    apply(harness, topic, [Change(C, 5, 7, "e")], dumps)
+    apply(harness, topic, [Change(D, 3, 8)], dumps)
+    assert len(main_steps(harness, topic, after)) == 2
+    assert harness.silver(topic) == {1: "a2", 4: "d", 5: "e"} == topic.expected()
+
+
+def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps: Path) -> None:
+    """A run killed between its staged DELETE and the fast-forward leaves a cdclake_apply_* branch (main untouched);
+    the next run drops it and applies the unit again."""
+    topic = harness.topic("leftover")
+    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    before = harness.silver_snapshot(topic)
+    table = f"silver.{topic.table}"
+    harness.spark.sql(f"alter table {table} create branch cdclake_apply_killed")
+    harness.spark.sql(f"delete from {table}.branch_cdclake_apply_killed where id = 1")
+    assert harness.silver(topic) == {1: "a", 2: "b"}  # main: the old state
+    apply(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], dumps)
+    assert harness.silver(topic) == {1: "a2", 2: "b", 3: "c"} == topic.expected()
+    assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
+
+
+def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not(
+    harness: SilverHarness, dumps: Path
+) -> None:
+    """cdclake.applied_position bounds what silver and the tombstones hold: changes above it need no lookup of
+    their positions, changes at or below it are still guarded, in the same unit and for the same key."""
+    topic = harness.topic("applied_position")
+    apply(harness, topic, [Change(C, 1, 10, "x"), Change(C, 2, 20, "y"), Change(D, 3, 30)], dumps)
+    properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
+    assert json.loads(properties["cdclake.applied_position"])["o"] == [30, 30]
+    # Key 1: a late update (15) and a newer one (40); key 2: only a late one (5); key 3 (deleted at 30): a late
+    # update (29) stays void. Then a newer create (50) brings key 3 back, and later late ones stay void.
+    apply(
+        harness,
+        topic,
+        [Change(U, 1, 15, "late"), Change(U, 1, 40, "x2"), Change(U, 2, 5, "stale"), Change(U, 3, 29, "zombie")],
+        dumps,
+    )
+    assert harness.silver(topic) == {1: "x2", 2: "y"} == topic.expected()
+    apply(harness, topic, [Change(C, 3, 50, "reborn"), Change(U, 1, 35, "late2"), Change(U, 3, 45, "late3")], dumps)
+    assert harness.silver(topic) == {1: "x2", 2: "y", 3: "reborn"} == topic.expected()
+    properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
+    assert json.loads(properties["cdclake.applied_position"])["o"] == [50, 50]
 
 
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:

@@ -71,23 +71,34 @@
 {%- endmacro %}
 
 
-{#- The bronze snapshot the lakehouse is at now (None for a table never written). -#}
-{% macro bronze_snapshot(bronze) -%}
+{#-
+  The bronze snapshot the lakehouse is at now and whether snapshot `start` (if any) still exists, in one query:
+  {'end': id or None (a table never written), 'start_known': bool}.
+-#}
+{% macro bronze_snapshots(bronze, start) -%}
   {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
-    {{ return(none) }}
+    {{ return({'end': none, 'start_known': false}) }}
   {%- endif -%}
-  {%- set rows = run_query('select snapshot_id from ' ~ bronze ~ '.history where is_current_ancestor order by made_current_at desc limit 1').rows -%}
-  {{ return(rows[0][0] | string if rows | length else none) }}
+  {%- set known = '0' if start is none else '(select count(*) from ' ~ bronze ~ '.snapshots where snapshot_id = ' ~ (start | int) ~ ')' -%}
+  {%- set row = run_query("select (select snapshot_id from " ~ bronze ~ ".refs where name = 'main'), " ~ known).rows[0] -%}
+  {{ return({'end': none if row[0] is none else row[0] | string, 'start_known': row[1] > 0}) }}
 {%- endmacro %}
 
 
-{#- One property of a silver table (None if unset): where cdclake keeps what a table has applied. -#}
-{% macro silver_property(target, name) -%}
-  {%- for row in run_query('show tblproperties ' ~ target).rows -%}
-    {%- if row[0] == name %}{{ return(row[1]) }}{% endif -%}
+{#- Every table property of a table, as a dict (one query: cdclake keeps what a table has applied there). -#}
+{% macro table_properties(relation) -%}
+  {%- set properties = {} -%}
+  {%- for row in run_query('show tblproperties ' ~ relation).rows -%}
+    {% do properties.update({row[0]: row[1]}) %}
   {%- endfor -%}
-  {{ return(none) }}
+  {{ return(properties) }}
+{%- endmacro %}
+
+
+{#- One property of a silver table (None if unset). -#}
+{% macro silver_property(target, name) -%}
+  {{ return(cdclake.table_properties(target).get(name)) }}
 {%- endmacro %}
 
 
@@ -98,25 +109,28 @@
 
 
 {#-
-  The bronze rows added after snapshot `start` up to `end`, as a temporary view: an incremental changelog scan,
-  so a run reads only the new files. Without `start` (first run, --full-refresh, or the applied snapshot was
-  expired), all of bronze as of `end`; the ordering guard makes re-reading already applied changes harmless.
+  The bronze rows added after snapshot `start` up to `end`, as a temporary view: Iceberg's incremental append scan
+  (the DataFrame reader's start-/end-snapshot-id options, through CREATE TEMPORARY VIEW ... USING iceberg), so a
+  run reads only the files the appends between them added, with column pruning and filter pushdown. Bronze is
+  append-only (ingest appends; compaction's replace snapshots add no rows). Iceberg's changelog view would give
+  the same rows but sorts them by every column first, to drop carry-over rows an append-only table never has.
+  Without `start` (first run, --full-refresh, or the applied snapshot was expired), all of bronze as of `end`;
+  the ordering guard makes re-reading already applied changes harmless.
+  `checked`: the caller knows that `start` still exists (bronze_snapshots).
 -#}
-{% macro changes_view(bronze, start, end) -%}
+{% macro changes_view(bronze, start, end, checked=false) -%}
   {%- set view = model.alias ~ '__cdc_changes' -%}
-  {%- if start is not none -%}
-    {%- set known = run_query('select count(*) from ' ~ bronze ~ '.snapshots where snapshot_id = ' ~ start).rows[0][0] -%}
-    {%- if known == 0 -%}
+  {%- if start is not none and not checked -%}
+    {%- if not cdclake.bronze_snapshots(bronze, start).start_known -%}
       {{ log("cdclake: bronze snapshot " ~ start ~ " applied by " ~ model.alias ~ " has been expired; re-reading all of " ~ bronze, info=true) }}
       {%- set start = none -%}
     {%- endif -%}
   {%- endif -%}
   {%- if start is none -%}
-    {% do run_query('create or replace temporary view ' ~ view ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ end) %}
+    {% do run_query('create or replace temporary view ' ~ view ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (end | int)) %}
   {%- else -%}
-    {%- set catalog = run_query('select current_catalog()').rows[0][0] -%}
-    {% do run_query("call " ~ catalog ~ ".system.create_changelog_view(table => '" ~ bronze.schema ~ "." ~ bronze.identifier ~ "', options => map('start-snapshot-id', '" ~ start ~ "', 'end-snapshot-id', '" ~ end ~ "'), changelog_view => '" ~ view ~ "__raw')") %}
-    {% do run_query('create or replace temporary view ' ~ view ~ ' as select * from ' ~ view ~ "__raw where _change_type = 'INSERT'") %}
+    {#- `path` names the table in the session's current catalog, the lakehouse's. -#}
+    {% do run_query("create or replace temporary view " ~ view ~ " using iceberg options (path '" ~ bronze.schema ~ "." ~ bronze.identifier ~ "', 'start-snapshot-id' '" ~ (start | int) ~ "', 'end-snapshot-id' '" ~ (end | int) ~ "')") %}
   {%- endif -%}
   {{ return(view) }}
 {%- endmacro %}

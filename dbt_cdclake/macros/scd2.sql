@@ -253,11 +253,3 @@ select * from dropped
   {% do run_query('drop view if exists ' ~ rows) %}
 {%- endmacro %}
 
-
-{#- The history mode a silver table was built with ('current' for tables without the property). -#}
-{% macro table_history(target) -%}
-  {%- for row in run_query('show tblproperties ' ~ target).rows -%}
-    {%- if row[0] == 'cdclake.history' %}{{ return(row[1]) }}{% endif -%}
-  {%- endfor -%}
-  {{ return('current') }}
-{%- endmacro %}

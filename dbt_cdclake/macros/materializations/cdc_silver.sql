@@ -3,11 +3,11 @@
   history='scd2', the table's version history: see scd2.sql).
 
   The model's SQL selects from one bronze source (usually `select * from {{ source('bronze', 't') }}`; a where
-  clause or extracted columns are fine). Each run applies the bronze snapshots added since the last run in ONE
-  MERGE (one Iceberg commit: readers see the old state or the new one), guarded so that a change not newer than
-  what silver holds for its key is ignored. Deleted keys keep a tombstone (key + position) so a late, older change
-  cannot bring them back: in `<model>__cdc_tombstones` (delete_mode='hard', default) or as the row itself with
-  _cdc_deleted = true (delete_mode='soft').
+  clause or extracted columns are fine). Each run applies the bronze snapshots added since the last run as ONE
+  step of silver's main branch (readers see the old state or the new one), guarded so that a change not newer
+  than what silver holds for its key is ignored. Deleted keys keep a tombstone (key + position) so a late, older
+  change cannot bring them back: in `<model>__cdc_tombstones` (delete_mode='hard', default) or as the row itself
+  with _cdc_deleted = true (delete_mode='soft').
 
   Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept),
   ignore_null_updates (partial images: a null in an update keeps the key's previous value), tombstone_horizon_days,
@@ -15,6 +15,23 @@
 
   Partial images (ignore_null_updates; MongoDB updates without a full document) are folded onto the key's previous
   image before net effect (partial_images.sql), so every path below sees full images.
+
+  An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
+  1. the new bronze rows (Iceberg's incremental append scan) are read once, into memory;
+  2. they are decided into `<model>__cdc_batch`, an Iceberg table every run replaces: per touched key the row
+     silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
+     for the touched keys (broadcast semi-joins), and their positions only for changes at or below
+     `cdclake.applied_position` (the greatest position ever applied): a change above it is newer than anything
+     silver and the tombstones hold. Changes not newer than the latest truncate (this unit's or the one stored in
+     `cdclake.truncated_before`) are void. One query over the batch counts what is to do;
+  3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
+     both staged on a branch of this run, then main is fast-forwarded to it: one atomic step of main. (One MERGE
+     would shuffle all of silver: Spark 3.5 plans a MERGE with an insert clause as a right outer join, which
+     cannot broadcast the changes.) A unit of hard deletes only is one DELETE on main;
+  4. tombstones: a matched-only MERGE for touched keys that have one, an INSERT for new ones; each skipped when
+     there is nothing to do;
+  5. `cdclake.bronze_snapshot_id`, `cdclake.applied_position` and `cdclake.truncated_before` are set in one
+     commit, last: a run killed before re-applies the same unit, which is idempotent.
 -#}
 {% materialization cdc_silver, adapter='spark' %}
   {%- set identifier = model['alias'] -%}
@@ -34,25 +51,33 @@
   {%- set bronze = cdclake.bronze_relation() -%}
 
   {{ run_hooks(pre_hooks) }}
-  {% do run_query('create namespace if not exists ' ~ schema) %}
 
   {%- if existing is not none and should_full_refresh() -%}
     {% do run_query('drop table if exists ' ~ target) %}
     {% do run_query('drop table if exists ' ~ tombstones) %}
     {%- set existing = none -%}
   {%- endif -%}
-  {%- if existing is not none and cdclake.table_history(target) != history -%}
-    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ cdclake.table_history(target) ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
+  {%- if existing is none -%}
+    {% do run_query('create namespace if not exists ' ~ schema) %}
+  {%- endif -%}
+  {%- set properties = cdclake.table_properties(target) if existing is not none else {} -%}
+  {%- if existing is not none and properties.get('cdclake.history', 'current') != history -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ properties.get('cdclake.history', 'current') ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
   {%- endif -%}
 
-  {%- set end = cdclake.bronze_snapshot(bronze) -%}
-  {%- set start = cdclake.applied_snapshot(target) if existing is not none else none -%}
+  {%- set start = properties.get('cdclake.bronze_snapshot_id') -%}
+  {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
+  {%- set end = snapshots.end -%}
+  {%- if end is not none and start is not none and start != end and not snapshots.start_known -%}
+    {{ log("cdclake: bronze snapshot " ~ start ~ " applied by " ~ identifier ~ " has been expired; re-reading all of " ~ bronze, info=true) }}
+    {%- set start = none -%}
+  {%- endif -%}
 
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
-    {%- set changes = cdclake.changes_view(bronze, start, end) -%}
+    {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode) -%}
@@ -61,19 +86,28 @@
     {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
   {%- else -%}
-    {%- set changes = cdclake.changes_view(bronze, start, end) -%}
+    {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
+    {%- set incremental = start is not none -%}
+    {%- if incremental -%}
+      {#- The new changes are read once, into memory: the statements below read them several times. (Not all of
+          bronze, when a first run or an expired snapshot makes the run read everything.) -#}
+      {%- set input = identifier ~ '__cdc_input' -%}
+      {% do run_query('uncache table if exists ' ~ input) %}
+      {% do run_query('create or replace temporary view ' ~ input ~ ' as select * from ' ~ changes) %}
+      {% do run_query('cache table ' ~ input) %}
+      {%- set changes = input -%}
+    {%- endif -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
-    {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
-    {%- set input_sql = sql | replace(bronze | string, changes) -%}
-    {%- set winners = identifier ~ '__cdc_winners' -%}
-    {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
+    {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
+    {%- set input_sql = sql | replace(bronze | string, folded) -%}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
         and in every later one (a late change from before a truncate must not bring its row back). -#}
-    {%- set previous = cdclake.silver_property(target, 'cdclake.truncated_before') if existing is not none else none -%}
-    {%- set truncate = cdclake.truncate_position(input_sql, previous) -%}
-    {%- set after_truncate = "true" if truncate is none else (cdclake.position('w') ~ ' > ' ~ truncate.literal) -%}
+    {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before')) -%}
 
     {%- if existing is none -%}
+      {%- set winners = identifier ~ '__cdc_winners' -%}
+      {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
+      {%- set after_truncate = "true" if truncate is none else (cdclake.position('w') ~ ' > ' ~ truncate.literal) -%}
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
           the other order left a silver table without tombstones, on which every later run failed. -#}
       {%- if delete_mode == 'hard' -%}
@@ -89,23 +123,58 @@
         from {{ winners }} w
         where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
+      {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
+      {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
-      {%- set applicable = identifier ~ '__cdc_applicable' -%}
-      {% do run_query('uncache table if exists ' ~ applicable) %}
-      {% do run_query('drop view if exists ' ~ applicable) %}
-      {#- Materialized once: the merges below change what a lazy view over silver would return. -#}
-      {% do run_query('cache table ' ~ applicable ~ ' as ' ~ cdclake.applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate)) %}
-      {%- call statement('main') -%}
-        {{ cdclake.silver_merge_sql(layout, applicable, target, delete_mode, truncate if truncate and truncate.new else none) }}
-      {%- endcall -%}
-      {%- if delete_mode == 'hard' -%}
-        {% do run_query(cdclake.tombstone_merge_sql(layout, applicable, tombstones)) %}
+      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs. -#}
+      {% do cdclake.drop_apply_branches(target) %}
+      {%- set applied_position = properties.get('cdclake.applied_position') -%}
+      {%- if applied_position is none -%}
+        {#- A table from before cdclake.applied_position: its bound, once, from what silver and tombstones hold. -#}
+        {%- set applied_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
       {%- endif -%}
-      {% do run_query('uncache table if exists ' ~ applicable) %}
-      {% do run_query('drop view if exists ' ~ applicable) %}
+      {%- set batch = api.Relation.create(identifier=identifier ~ '__cdc_batch', schema=schema, database=database, type='table') -%}
+      {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
+      {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
+      {%- set new_position = stats[4] -%}
+      {%- set new_truncate = truncate is not none and truncate.new -%}
+      {#- Every batch row removes its key's silver row (if any); those that are not hard deletes are inserted. -#}
+      {%- set removes_rows = stats[0] > 0 or new_truncate -%}
+      {%- set inserts_rows = stats[1] > 0 -%}
+      {%- if inserts_rows -%}
+        {#- Staged on a branch of this run, then main is fast-forwarded to it: main moves once, from the old state
+            to the new one. A concurrent run's fast-forward fails (main moved), never mixes. -#}
+        {%- set branch = 'cdclake_apply_' ~ (invocation_id | replace('-', '')) -%}
+        {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch) %}
+        {%- set staged = target ~ '.branch_' ~ branch -%}
+        {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental)) %}
+        {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
+        {%- call statement('main') -%}
+          call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
+        {%- endcall -%}
+        {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
+      {%- elif removes_rows -%}
+        {#- Hard deletes (or a truncate) only: one commit, on main directly. -#}
+        {%- call statement('main') -%} {{ cdclake.silver_delete_sql(layout, batch, target, truncate if new_truncate else none, incremental) }} {%- endcall -%}
+      {%- else -%}
+        {%- call statement('main') -%} select 1 {%- endcall -%}
+      {%- endif -%}
+      {%- if delete_mode == 'hard' and stats[2] > 0 -%}
+        {% do run_query(cdclake.tombstone_merge_sql(layout, batch, tombstones)) %}
+      {%- endif -%}
+      {%- if delete_mode == 'hard' and stats[3] > 0 -%}
+        {% do run_query(cdclake.tombstone_insert_sql(layout, batch, tombstones)) %}
+      {%- endif -%}
     {%- endif -%}
-    {% do cdclake.drop_folded_images(changes) %}
-    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ (", 'cdclake.truncated_before' = '" ~ truncate.stored ~ "'" if truncate else "") ~ ")") %}
+    {% do cdclake.drop_folded_images(folded) %}
+    {%- if incremental -%}
+      {% do run_query('uncache table if exists ' ~ changes) %}
+      {% do run_query('drop view if exists ' ~ changes) %}
+    {%- endif -%}
+    {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'"] -%}
+    {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
+    {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
+    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
     {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
@@ -141,23 +210,6 @@
 
 
 {#-
-  Winners shaped as silver rows, minus those not newer than their key's tombstone. Whether a winner is newer
-  than the silver row is decided inside the MERGE itself, so silver is scanned once per run.
--#}
-{% macro applicable_sql(layout, winners, target, tombstones, delete_mode, after_truncate) -%}
-  select {{ cdclake.silver_select(layout, 'w') }}
-  from {{ winners }} w
-  {%- if delete_mode == 'hard' %}
-  left join {{ tombstones }} b on {{ cdclake.key_match(layout.key_columns, 'b', 'w') }}
-  {%- endif %}
-  where {{ after_truncate }}
-  {%- if delete_mode == 'hard' %}
-    and (b._cdc_op is null or {{ cdclake.position('w') }} > {{ cdclake.position('b') }})
-  {%- endif %}
-{%- endmacro %}
-
-
-{#-
   The latest truncate that applies to this run: the newest `op t` of the unit of work, or the one a previous run
   applied (stored in the silver table's properties as "<order,...>;<offset>"), whichever is newer. Returns none,
   or {literal: a position to compare with, stored: its property text, new: whether this unit of work moved it}.
@@ -181,54 +233,181 @@
 {%- endmacro %}
 
 
-{% macro silver_merge_sql(layout, applicable, target, delete_mode, truncate=none) -%}
-  {%- set columns = cdclake.data_columns(layout) -%}
-  merge into {{ target }} t
-  using {{ applicable }} s
-  on {{ cdclake.key_match(layout.key_columns, 't', 's') }}
-  {%- set newer = cdclake.position('s') ~ ' > ' ~ cdclake.position('t') %}
-  {%- if delete_mode == 'hard' %}
-  when matched and {{ newer }} and s._cdc_op = 'd' then delete
-  {%- else %}
-  when matched and {{ newer }} and s._cdc_op = 'd' then update set
-    t._cdc_deleted = true, t._cdc_deleted_at = current_timestamp(), t._cdc_order = s._cdc_order,
-    t._cdc_op = s._cdc_op, t._cdc_offset = s._cdc_offset, t._cdc_source_ts = s._cdc_source_ts, t._cdc_applied_at = s._cdc_applied_at
-  {%- endif %}
-  when matched and {{ newer }} then update set
-    {%- for column in columns %}
-    t.{{ cdclake.quote(column) }} = s.{{ cdclake.quote(column) }},
-    {%- endfor %}
-    {%- if delete_mode == 'soft' %}
-    t._cdc_deleted = false, t._cdc_deleted_at = null,
+{#-
+  Positions travel between statements as JSON ({"o": [...], "r": op rank, "f": offset}, Spark's to_json of a
+  position struct) and come back into SQL through position_literal, which renders only integers.
+-#}
+{% macro position_json(text) -%}
+  {%- set p = fromjson(text) -%}
+  {{- tojson({'o': p.get('o'), 'r': p.get('r'), 'f': p.get('f')}) | replace("'", "") -}}
+{%- endmacro %}
+
+{% macro position_literal(text) -%}
+  {%- set p = fromjson(text) -%}
+  {%- set o = p.get('o') -%}
+  named_struct('o', {% if o is none %}cast(null as array<bigint>){% else %}cast(array({% for x in o %}{% if x is none %}null{% else %}{{ x | int }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}) as array<bigint>){% endif -%}
+  , 'r', {% if p.get('r') is none %}cast(null as int){% else %}{{ p.get('r') | int }}{% endif -%}
+  , 'f', {% if p.get('f') is none %}cast(null as bigint){% else %}cast({{ p.get('f') | int }} as bigint){% endif %})
+{%- endmacro %}
+
+
+{#-
+  The greatest position silver (and the tombstones) hold, as JSON: after a first run, and once for a table made
+  before cdclake.applied_position.
+-#}
+{% macro held_position_sql(target, tombstones, delete_mode) -%}
+  select to_json(max(p)) from (
+    select {{ cdclake.position('t') }} as p from {{ target }} t
+    {%- if delete_mode == 'hard' %}
+    union all
+    select {{ cdclake.position('b') }} as p from {{ tombstones }} b
     {%- endif %}
-    t._cdc_order = s._cdc_order, t._cdc_op = s._cdc_op, t._cdc_offset = s._cdc_offset,
-    t._cdc_source_ts = s._cdc_source_ts, t._cdc_applied_at = s._cdc_applied_at
+  )
+{%- endmacro %}
+
+
+{#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
+{% macro drop_apply_branches(target) -%}
+  {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
+    {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
+    {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ cdclake.quote(row[0])) %}
+  {%- endfor -%}
+{%- endmacro %}
+
+
+{#-
+  The unit of work, decided: per touched key the row silver must hold (for a delete in hard mode, the key and its
+  position), left out when not newer than its key's silver row or tombstone, or not newer than the latest truncate.
+  Silver and tombstones are read only for the touched keys (left semi-joins, broadcast in an incremental run);
+  their positions only for keys with changes at or below `applied_position` (none, usually: adaptive execution
+  then skips the scan); silver's other columns only for soft deletes, which keep the row's values.
+  A table, not a cached view: the statements after it change silver and the tombstones, which a view over them
+  would follow, and its size is known when the DELETE broadcasts it. `broadcast`: the input is one incremental
+  unit (not a re-read of all of bronze).
+-#}
+{% macro batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast) -%}
+  {{ return(adapter.dispatch('batch_sql', 'cdclake')(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast)) }}
+{%- endmacro %}
+
+{% macro default__batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast) -%}
+  {%- set keys = layout.key_columns -%}
+  {%- set columns = cdclake.data_columns(layout) -%}
+  {%- set hint = '/*+ BROADCAST(k) */' if broadcast else '' -%}
+  {#- Keys to look up are taken from the input rows (no window: a superset of the winners' keys is harmless). -#}
+  {%- set input_keys -%}
+    {%- for key in keys %}{{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %} from ({{ input_sql }}) i where i.op in ('c', 'u', 'd', 'r')
+  {%- endset -%}
+  {%- set below = 'true' if applied_position is none else ("named_struct('o', i._cdc_order, 'r', " ~ cdclake.op_rank('i.op') ~ ", 'f', i._cdc_offset) <= " ~ cdclake.position_literal(applied_position)) -%}
+  {%- set looked_up = ("i.op = 'd' or " ~ below) if delete_mode == 'soft' else below -%}
+  create or replace table {{ batch }}
+  using iceberg
+  tblproperties ('format-version' = '2', 'write.parquet.compression-codec' = 'snappy', 'write.distribution-mode' = 'none',
+    'write.metadata.delete-after-commit.enabled' = 'true', 'write.metadata.previous-versions-max' = '2')
+  as select {% if broadcast %}/*+ BROADCAST(t){% if delete_mode == 'hard' %}, BROADCAST(bx), BROADCAST(b){% endif %} */{% endif %}
+    {%- for key in keys %}
+    s.{{ cdclake.quote(key) }},
+    {%- endfor %}
+    {%- for column in columns if column not in keys %}
+    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and t._cdc_found then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
+    {%- endfor %}
+    s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at
+    {%- if delete_mode == 'soft' %},
+    s._cdc_op = 'd' as _cdc_deleted, case when s._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at
+    {%- else %},
+    bx._cdc_found is not null as _cdc_has_tombstone
+    {%- endif %}
+  from (select {{ cdclake.silver_select(layout, 'w') }} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
+  left join (
+    select {{ hint }} {% for key in keys %}t.{{ cdclake.quote(key) }}, {% endfor %}t._cdc_order, t._cdc_op, t._cdc_offset,
+      {%- if delete_mode == 'soft' %}{% for column in columns if column not in keys %} t.{{ cdclake.quote(column) }},{% endfor %}{% endif %} true as _cdc_found
+    from {{ target }} t
+    left semi join (select {{ input_keys }} and ({{ looked_up }})) k on {{ cdclake.key_match(keys, 't', 'k') }}
+  ) t on {{ cdclake.key_match(keys, 's', 't') }}
   {%- if delete_mode == 'hard' %}
-  when not matched and s._cdc_op <> 'd' then insert
-  {%- else %}
-  when not matched then insert
+  left join (
+    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}true as _cdc_found
+    from {{ tombstones }} b
+    left semi join (select {{ input_keys }}) k on {{ cdclake.key_match(keys, 'b', 'k') }}
+  ) bx on {{ cdclake.key_match(keys, 's', 'bx') }}
+  left join (
+    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}b._cdc_order, b._cdc_op, b._cdc_offset, true as _cdc_found
+    from {{ tombstones }} b
+    left semi join (select {{ input_keys }} and ({{ below }})) k on {{ cdclake.key_match(keys, 'b', 'k') }}
+  ) b on {{ cdclake.key_match(keys, 's', 'b') }}
   {%- endif %}
-    ({% for column in columns %}{{ cdclake.quote(column) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts, _cdc_applied_at{% if delete_mode == 'soft' %}, _cdc_deleted, _cdc_deleted_at{% endif %})
-    values ({% for column in columns %}s.{{ cdclake.quote(column) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at{% if delete_mode == 'soft' %}, s._cdc_op = 'd', case when s._cdc_op = 'd' then current_timestamp() end{% endif %})
+  where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }})
+  {%- if delete_mode == 'hard' %}
+    and (b._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('b') }})
+  {%- endif %}
   {%- if truncate is not none %}
-  {#- In the same commit as the changes: readers never see the truncate without what follows it. -#}
-  when not matched by source and {{ cdclake.position('t') }} < {{ truncate.literal }} then delete
+    and {{ cdclake.position('s') }} > {{ truncate.literal }}
   {%- endif %}
 {%- endmacro %}
 
 
 {#-
-  Deletes become tombstones; newer upserts retire them. A tombstone older than its key's silver row (a late
-  delete) is harmless: any change that passes the silver row's guard is newer than it too.
+  What the batch asks for: keys to remove from silver, rows to insert, tombstones to update or retire,
+  tombstones to add; and the new applied position (JSON): the greatest of the old one and the batch's.
 -#}
-{% macro tombstone_merge_sql(layout, applicable, tombstones) -%}
+{% macro batch_stats_sql(batch, delete_mode, applied_position) -%}
+  {%- set greatest = 'max(' ~ cdclake.position('s') ~ ')' -%}
+  select
+    count(*),
+    {%- if delete_mode == 'hard' %}
+    count_if(s._cdc_op <> 'd'), count_if(s._cdc_has_tombstone), count_if(s._cdc_op = 'd' and not s._cdc_has_tombstone),
+    {%- else %}
+    count(*), 0, 0,
+    {%- endif %}
+    to_json({% if applied_position is none %}{{ greatest }}{% else %}greatest({{ cdclake.position_literal(applied_position) }}, {{ greatest }}){% endif %})
+  from {{ batch }} s
+{%- endmacro %}
+
+
+{#-
+  Removes the silver rows the batch replaces or deletes and, with a truncate new in this unit, every row older
+  than it. The keys are matched in a (broadcast) exists-subquery: silver's key column is scanned, not shuffled.
+-#}
+{% macro silver_delete_sql(layout, batch, relation, truncate, broadcast) -%}
+  delete from {{ relation }} t
+  where exists (select {% if broadcast %}/*+ BROADCAST(s) */ {% endif %}1 from {{ batch }} s where {{ cdclake.key_match(layout.key_columns, 's', 't') }})
+  {%- if truncate is not none %}
+  or {{ cdclake.position('t') }} < {{ truncate.literal }}
+  {%- endif %}
+{%- endmacro %}
+
+
+{#- The batch's rows that silver holds from now on (every row in soft mode: a delete is a flagged row). -#}
+{% macro silver_insert_sql(layout, batch, relation, delete_mode) -%}
+  {%- set columns = cdclake.data_columns(layout) -%}
+  {%- set metadata = ['_cdc_order', '_cdc_op', '_cdc_offset', '_cdc_source_ts', '_cdc_applied_at'] + (['_cdc_deleted', '_cdc_deleted_at'] if delete_mode == 'soft' else []) -%}
+  insert into {{ relation }} ({% for column in columns %}{{ cdclake.quote(column) }}, {% endfor %}{{ metadata | join(', ') }})
+  select {% for column in columns %}s.{{ cdclake.quote(column) }}, {% endfor %}{% for column in metadata %}s.{{ column }}{% if not loop.last %}, {% endif %}{% endfor %}
+  from {{ batch }} s
+  {%- if delete_mode == 'hard' %}
+  where s._cdc_op <> 'd'
+  {%- endif %}
+{%- endmacro %}
+
+
+{#-
+  Tombstones of touched keys: a newer delete updates its key's tombstone, a newer upsert retires it. A tombstone
+  older than its key's silver row (a late delete) is harmless: any change that passes the silver row's guard is
+  newer than it too. Matched-only: Spark plans it as an inner join, which broadcasts the batch.
+-#}
+{% macro tombstone_merge_sql(layout, batch, tombstones) -%}
   merge into {{ tombstones }} b
-  using {{ applicable }} s
+  using (select * from {{ batch }} s where s._cdc_has_tombstone) s
   on {{ cdclake.key_match(layout.key_columns, 'b', 's') }}
   when matched and s._cdc_op = 'd' then update set
     b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset, b._cdc_deleted_at = current_timestamp()
   when matched then delete
-  when not matched and s._cdc_op = 'd' then insert
-    ({% for key in layout.key_columns %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at)
-    values ({% for key in layout.key_columns %}s.{{ cdclake.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, current_timestamp())
+{%- endmacro %}
+
+
+{#- Deletes of keys without a tombstone become tombstones. -#}
+{% macro tombstone_insert_sql(layout, batch, tombstones) -%}
+  insert into {{ tombstones }} ({% for key in layout.key_columns %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at)
+  select {% for key in layout.key_columns %}s.{{ cdclake.quote(key) }}, {% endfor %}s._cdc_order, s._cdc_op, s._cdc_offset, current_timestamp()
+  from {{ batch }} s
+  where s._cdc_op = 'd' and not s._cdc_has_tombstone
 {%- endmacro %}
