@@ -526,17 +526,21 @@ def setup_cache_key(root: Path, sizes: Sequence[int], factors: Sequence[int]) ->
     return digest.hexdigest()[:16]
 
 
+def copy_lakehouse(source: Path, target: Path) -> None:
+    """Copy the lakehouse files a setup cache keeps (CACHED_PATHS) from ``source`` into ``target``."""
+    for name in CACHED_PATHS:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, target / name)
+        else:
+            shutil.copy2(source / name, target / name)
+
+
 def restore_setups(cache: Path, root: Path) -> list[Setup] | None:
     """Copy a cached lakehouse into ``root`` (before any client opens it); None when there is none."""
     manifest = cache / "setups.json"
     if not manifest.is_file():
         return None
-    for name in CACHED_PATHS:
-        source, target = cache / name, root / name
-        if source.is_dir():
-            shutil.copytree(source, target)
-        else:
-            shutil.copy2(source, target)
+    copy_lakehouse(cache, root)
     setups = []
     for item in json.loads(manifest.read_text()):
         bronze = Bronze(**item["bronze"])
@@ -550,12 +554,7 @@ def save_setups(cache: Path, root: Path, setups: list[Setup]) -> None:
     if cache.exists():
         shutil.rmtree(cache)
     cache.mkdir(parents=True)
-    for name in CACHED_PATHS:
-        source, target = root / name, cache / name
-        if source.is_dir():
-            shutil.copytree(source, target)
-        else:
-            shutil.copy2(source, target)
+    copy_lakehouse(root, cache)
     manifest = [
         {
             "bronze": dataclasses.asdict(setup.bronze),

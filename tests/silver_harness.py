@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+from hypothesis import HealthCheck, Phase, settings
 
 from ingest.bronze.tables import BronzeTables
 from ingest.config import Settings
@@ -371,6 +372,12 @@ class SilverHarness:
             + "".join(f"      - name: {name}\n" for name in sources)
         )
 
+    def apply(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path, config: str = "") -> None:
+        """Land ``changes``, write the topic's model with ``config`` and `dbt build` it (which must succeed)."""
+        self.land(topic, changes, dump_dir)
+        self.write_model(topic, config)
+        assert self.build(topic), "dbt build failed"
+
     def build(self, topic: Topic | MongoTopic, *extra: str) -> bool:
         return run_dbt(self.settings, ["build", "--select", topic.table, *extra])
 
@@ -403,3 +410,24 @@ class SilverHarness:
     def silver_snapshot(self, topic: Topic) -> int:
         table = load_catalog(self.settings).load_table(f"silver.{topic.table}")
         return int(table.current_snapshot().snapshot_id)
+
+
+def dbt_examples(count: int) -> settings:
+    """Hypothesis settings for examples that each run dbt a few times: few examples, derandomized, and no
+    shrinking (it would run dbt hundreds of times)."""
+    return settings(
+        max_examples=count,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+    )
+
+
+def with_replay(landed: list[Change], changes: list[Change], replay: bool) -> list[Change]:
+    """``changes``, preceded (when ``replay``) by a replay of the first half of what ``landed`` holds; the result is
+    added to ``landed``."""
+    if replay and landed:
+        changes = landed[: len(landed) // 2] + changes
+    landed.extend(changes)
+    return changes

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.lakehouse import load_catalog
-from tests.silver_harness import Change, SilverHarness, Topic
+from tests.silver_harness import Change, SilverHarness, Topic, dbt_examples, with_replay
 from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -28,12 +28,6 @@ def dumps(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def apply(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, config: str = "") -> None:
-    harness.land(topic, changes, dumps)
-    harness.write_model(topic, config)
-    assert harness.build(topic), "dbt build failed"
-
-
 C, U, D, R, T = "c", "u", "d", "r", "t"
 
 
@@ -41,9 +35,9 @@ def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
     """IBM CDC's example (reference §6.2/§6.4): three tables, one unit of work, net effect per table."""
     t1, t2, t3 = harness.topic("table1"), harness.topic("table2"), harness.topic("table3")
     # State before the unit of work: TABLE1 has keys 2 and 3, TABLE2 has key 1.
-    apply(harness, t1, [Change(C, 2, 1, "othercolval2"), Change(C, 3, 2, "othercolval3-old")], dumps)
-    apply(harness, t2, [Change(C, 1, 3, "othercolval1-old")], dumps)
-    apply(harness, t3, [], dumps)
+    harness.apply(t1, [Change(C, 2, 1, "othercolval2"), Change(C, 3, 2, "othercolval3-old")], dumps)
+    harness.apply(t2, [Change(C, 1, 3, "othercolval1-old")], dumps)
+    harness.apply(t3, [], dumps)
     # The eleven source operations, in order (positions 10..20).
     uow = [
         (t1, Change(C, 1, 10, "othercolval1")),
@@ -59,7 +53,7 @@ def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
         (t1, Change(C, 4, 20, "othercolval4")),
     ]
     for topic in (t1, t2, t3):
-        apply(harness, topic, [change for owner, change in uow if owner is topic], dumps)
+        harness.apply(topic, [change for owner, change in uow if owner is topic], dumps)
     assert harness.silver(t1) == {1: "othercolval1", 3: "othercolval3", 4: "othercolval4"}
     assert harness.silver(t2) == {1: "othercolval1", 2: "othercolval2"}
     assert harness.silver(t3) == {1: "othercolval1", 2: "othercolval2"}
@@ -70,75 +64,75 @@ def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
 def test_idempotent_reruns_and_replays(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("replays")
     changes = [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(U, 1, 3, "a2"), Change(D, 2, 4)]
-    apply(harness, topic, changes, dumps)
+    harness.apply(topic, changes, dumps)
     assert harness.silver(topic) == {1: "a2"}
     before = harness.silver_snapshot(topic)
     assert harness.build(topic)  # nothing new: no commit at all
     assert harness.silver_snapshot(topic) == before
     # At-least-once: the same changes land again (new offsets, same positions) -> same silver.
-    apply(harness, topic, changes, dumps)
+    harness.apply(topic, changes, dumps)
     assert harness.silver(topic) == {1: "a2"}
 
 
 def test_late_older_changes_never_resurrect_or_overwrite(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("late")
-    apply(
-        harness, topic, [Change(C, 1, 10, "x"), Change(D, 1, 20), Change(C, 2, 10, "y"), Change(U, 2, 30, "y3")], dumps
+    harness.apply(
+        topic, [Change(C, 1, 10, "x"), Change(D, 1, 20), Change(C, 2, 10, "y"), Change(U, 2, 30, "y3")], dumps
     )
     assert harness.silver(topic) == {2: "y3"}
     # An older update of the deleted key, and an older update of the live key, arrive in a later unit of work.
-    apply(harness, topic, [Change(U, 1, 15, "zombie"), Change(U, 2, 25, "stale")], dumps)
+    harness.apply(topic, [Change(U, 1, 15, "zombie"), Change(U, 2, 25, "stale")], dumps)
     assert harness.silver(topic) == {2: "y3"}
     # A newer change of the deleted key does apply.
-    apply(harness, topic, [Change(C, 1, 40, "reborn")], dumps)
+    harness.apply(topic, [Change(C, 1, 40, "reborn")], dumps)
     assert harness.silver(topic) == {1: "reborn", 2: "y3"}
 
 
 def test_insert_then_delete_in_one_unit_leaves_nothing(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("transient")
-    apply(harness, topic, [Change(C, 1, 1, "keep")], dumps)
-    apply(harness, topic, [Change(C, 2, 2, "gone"), Change(U, 2, 3, "gone2"), Change(D, 2, 4)], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "keep")], dumps)
+    harness.apply(topic, [Change(C, 2, 2, "gone"), Change(U, 2, 3, "gone2"), Change(D, 2, 4)], dumps)
     assert harness.silver(topic) == {1: "keep"}
 
 
 def test_primary_key_change_ends_with_the_new_key(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("pkchange")
-    apply(harness, topic, [Change(C, 2, 1, "george")], dumps)
+    harness.apply(topic, [Change(C, 2, 1, "george")], dumps)
     # UPDATE ... SET id = 102: delete(old key) + tombstone + create(new key) at one position.
-    apply(harness, topic, [Change(D, 2, 5), Change(C, 102, 5, "george")], dumps)
+    harness.apply(topic, [Change(D, 2, 5), Change(C, 102, 5, "george")], dumps)
     assert harness.silver(topic) == {102: "george"}
 
 
 def test_snapshot_read_never_overwrites_a_newer_streamed_change(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("snapshot")
-    apply(harness, topic, [Change(U, 1, 12, "streamed")], dumps)
-    apply(harness, topic, [Change(R, 1, 10, "snapshot"), Change(R, 2, 10, "only-in-snapshot")], dumps)
+    harness.apply(topic, [Change(U, 1, 12, "streamed")], dumps)
+    harness.apply(topic, [Change(R, 1, 10, "snapshot"), Change(R, 2, 10, "only-in-snapshot")], dumps)
     assert harness.silver(topic) == {1: "streamed", 2: "only-in-snapshot"}
     # Same position: a change beats a snapshot read of it.
-    apply(harness, topic, [Change(R, 3, 50, "read"), Change(U, 3, 50, "changed")], dumps)
+    harness.apply(topic, [Change(R, 3, 50, "read"), Change(U, 3, 50, "changed")], dumps)
     assert harness.silver(topic)[3] == "changed"
 
 
 def test_truncate_removes_older_rows(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("truncate")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
-    apply(
-        harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after-truncate"), Change(U, 1, 4, "before-truncate")], dumps
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(
+        topic, [Change(T, 0, 5), Change(C, 3, 6, "after-truncate"), Change(U, 1, 4, "before-truncate")], dumps
     )
     assert harness.silver(topic) == {3: "after-truncate"} == topic.expected()
 
 
 def test_a_truncate_is_one_commit_and_holds_for_later_units(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("truncate_later")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
     before = harness.silver_snapshot(topic)
-    apply(harness, topic, [Change(T, 0, 5), Change(C, 3, 6, "after")], dumps)
+    harness.apply(topic, [Change(T, 0, 5), Change(C, 3, 6, "after")], dumps)
     assert harness.silver(topic) == {3: "after"}
     # One step of main: a reader sees the rows before the truncate or the state after it with its changes, never
     # between (the truncate's DELETE and the INSERT are staged on a branch that main is fast-forwarded to).
     assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]
     # Changes from before the truncate that arrive in a later unit of work stay void.
-    apply(harness, topic, [Change(U, 1, 4, "late"), Change(C, 4, 3, "late-insert"), Change(U, 3, 7, "after2")], dumps)
+    harness.apply(topic, [Change(U, 1, 4, "late"), Change(C, 4, 3, "late-insert"), Change(U, 3, 7, "after2")], dumps)
     assert harness.silver(topic) == {3: "after2"} == topic.expected()
 
 
@@ -154,9 +148,9 @@ def test_replaced_and_new_keys_move_main_once(harness: SilverHarness, dumps: Pat
     """A unit that replaces, deletes and adds keys is a DELETE and an INSERT on a branch of the run, then one
     fast-forward of main: main goes from the old state straight to the new one, and the branch is gone."""
     topic = harness.topic("one_step")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps)
     before = harness.silver_snapshot(topic)
-    apply(harness, topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5), Change(C, 4, 6, "d")], dumps)
+    harness.apply(topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5), Change(C, 4, 6, "d")], dumps)
     assert harness.silver(topic) == {1: "a2", 3: "c", 4: "d"} == topic.expected()
     after = harness.silver_snapshot(topic)
     assert main_steps(harness, topic, before) == [after]
@@ -164,8 +158,8 @@ def test_replaced_and_new_keys_move_main_once(harness: SilverHarness, dumps: Pat
     old = harness.spark.sql(f"select id, v from silver.{topic.table} version as of {before}").collect()
     assert {row["id"]: row["v"] for row in old} == {1: "a", 2: "b", 3: "c"}
     # A unit of inserts (staged too: an insert may replace a row), then one of deletes only (one DELETE on main).
-    apply(harness, topic, [Change(C, 5, 7, "e")], dumps)
-    apply(harness, topic, [Change(D, 3, 8)], dumps)
+    harness.apply(topic, [Change(C, 5, 7, "e")], dumps)
+    harness.apply(topic, [Change(D, 3, 8)], dumps)
     assert len(main_steps(harness, topic, after)) == 2
     assert harness.silver(topic) == {1: "a2", 4: "d", 5: "e"} == topic.expected()
 
@@ -174,13 +168,13 @@ def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps:
     """A run killed between its staged DELETE and the fast-forward leaves a cdclake_apply_* branch (main untouched);
     the next run drops it and applies the unit again."""
     topic = harness.topic("leftover")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
     before = harness.silver_snapshot(topic)
     table = f"silver.{topic.table}"
     harness.spark.sql(f"alter table {table} create branch cdclake_apply_killed")
     harness.spark.sql(f"delete from {table}.branch_cdclake_apply_killed where id = 1")
     assert harness.silver(topic) == {1: "a", 2: "b"}  # main: the old state
-    apply(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], dumps)
+    harness.apply(topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], dumps)
     assert harness.silver(topic) == {1: "a2", 2: "b", 3: "c"} == topic.expected()
     assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
 
@@ -191,19 +185,18 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     """cdclake.applied_position bounds what silver and the tombstones hold: changes above it need no lookup of
     their positions, changes at or below it are still guarded, in the same unit and for the same key."""
     topic = harness.topic("applied_position")
-    apply(harness, topic, [Change(C, 1, 10, "x"), Change(C, 2, 20, "y"), Change(D, 3, 30)], dumps)
+    harness.apply(topic, [Change(C, 1, 10, "x"), Change(C, 2, 20, "y"), Change(D, 3, 30)], dumps)
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
     assert json.loads(properties["cdclake.applied_position"])["o"] == [30, 30]
     # Key 1: a late update (15) and a newer one (40); key 2: only a late one (5); key 3 (deleted at 30): a late
     # update (29) stays void. Then a newer create (50) brings key 3 back, and later late ones stay void.
-    apply(
-        harness,
+    harness.apply(
         topic,
         [Change(U, 1, 15, "late"), Change(U, 1, 40, "x2"), Change(U, 2, 5, "stale"), Change(U, 3, 29, "zombie")],
         dumps,
     )
     assert harness.silver(topic) == {1: "x2", 2: "y"} == topic.expected()
-    apply(harness, topic, [Change(C, 3, 50, "reborn"), Change(U, 1, 35, "late2"), Change(U, 3, 45, "late3")], dumps)
+    harness.apply(topic, [Change(C, 3, 50, "reborn"), Change(U, 1, 35, "late2"), Change(U, 3, 45, "late3")], dumps)
     assert harness.silver(topic) == {1: "x2", 2: "y", 3: "reborn"} == topic.expected()
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
     assert json.loads(properties["cdclake.applied_position"])["o"] == [50, 50]
@@ -212,8 +205,8 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("soft")
     config = "delete_mode='soft'"
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps, config)
-    apply(harness, topic, [Change(D, 1, 3), Change(U, 1, 2, "late")], dumps, config)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps, config)
+    harness.apply(topic, [Change(D, 1, 3), Change(U, 1, 2, "late")], dumps, config)
     assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
     flagged = harness.spark.sql(
         f"select id, _cdc_deleted_at is not null as stamped from silver.{topic.table} where _cdc_deleted"
@@ -223,8 +216,8 @@ def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) 
 
 def test_full_refresh_gives_the_same_table(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("refresh")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
-    apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], dumps)
     incremental = harness.silver(topic)
     assert harness.build(topic, "--full-refresh")
     assert harness.silver(topic) == incremental == topic.expected()
@@ -232,7 +225,7 @@ def test_full_refresh_gives_the_same_table(harness: SilverHarness, dumps: Path) 
 
 def test_silver_rows_carry_their_metadata(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("metadata")
-    apply(harness, topic, [Change(C, 1, 7, "a")], dumps)
+    harness.apply(topic, [Change(C, 1, 7, "a")], dumps)
     row = harness.spark.sql(f"select * from silver.{topic.table}").collect()[0].asDict()
     assert row["_cdc_order"] == [7, 7]
     assert row["_cdc_op"] == "c"
@@ -248,14 +241,7 @@ changes_strategy = st.lists(
 )
 
 
-# Each example runs dbt a few times: few examples, and no shrinking (it would run dbt hundreds of times).
-@settings(
-    max_examples=4,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-    phases=[Phase.explicit, Phase.generate],
-)
+@dbt_examples(4)
 @given(batches=st.lists(changes_strategy, min_size=1, max_size=3), replay=st.booleans())
 def test_random_histories_match_the_reference_model(
     harness: SilverHarness,
@@ -269,10 +255,8 @@ def test_random_histories_match_the_reference_model(
     landed: list[Change] = []
     for batch in batches:
         changes = [Change(op, key, lsn, None if op == "d" else (value or "v")) for op, key, lsn, value in batch]
-        if replay and landed:
-            changes = landed[: len(landed) // 2] + changes  # replay of an old segment
-        landed.extend(changes)
-        apply(harness, topic, changes, dumps)
+        changes = with_replay(landed, changes, replay)
+        harness.apply(topic, changes, dumps)
         assert harness.silver(topic) == topic.expected()
 
 
@@ -398,24 +382,24 @@ def test_tombstones_outlive_their_key_until_the_horizon(harness: SilverHarness, 
     topic = harness.topic("horizon")
     config = "tombstone_horizon_days=3"
     first = [Change("c", 1, 10, "a"), Change("c", 2, 11, "b"), Change("d", 1, 20)]
-    apply(harness, topic, first, tmp_path, config=config)
+    harness.apply(topic, first, tmp_path, config=config)
     assert tombstone_keys(harness, topic) == [1]
     # Within the horizon the tombstone holds: a late older update of key 1 does not bring it back.
-    apply(harness, topic, [Change("u", 1, 15, "zombie"), Change("d", 2, 30)], tmp_path, config=config)
+    harness.apply(topic, [Change("u", 1, 15, "zombie"), Change("d", 2, 30)], tmp_path, config=config)
     assert harness.silver(topic) == {}
     assert tombstone_keys(harness, topic) == [1, 2]
     # Key 1's tombstone passes the horizon; key 2's does not: the next run purges only key 1's.
     age(harness, f"silver.{topic.table}__cdc_tombstones", days=4, where="id = 1")
-    apply(harness, topic, [Change("c", 3, 40, "c")], tmp_path, config=config)
+    harness.apply(topic, [Change("c", 3, 40, "c")], tmp_path, config=config)
     assert tombstone_keys(harness, topic) == [2]
     assert harness.silver(topic) == {3: "c"}
 
 
 def test_without_a_horizon_tombstones_are_kept(harness: SilverHarness, tmp_path: Path) -> None:
     topic = harness.topic("forever")
-    apply(harness, topic, [Change("c", 1, 10, "a"), Change("d", 1, 20)], tmp_path)
+    harness.apply(topic, [Change("c", 1, 10, "a"), Change("d", 1, 20)], tmp_path)
     age(harness, f"silver.{topic.table}__cdc_tombstones", days=10_000)
-    apply(harness, topic, [Change("c", 2, 30, "b"), Change("u", 1, 12, "zombie")], tmp_path)
+    harness.apply(topic, [Change("c", 2, 30, "b"), Change("u", 1, 12, "zombie")], tmp_path)
     assert tombstone_keys(harness, topic) == [1]
     assert harness.silver(topic) == {2: "b"}
 
@@ -424,10 +408,10 @@ def test_soft_deleted_rows_are_purged_after_the_horizon(harness: SilverHarness, 
     topic = harness.topic("soft_horizon")
     config = "delete_mode='soft', tombstone_horizon_days=3"
     first = [Change("c", 1, 10, "a"), Change("c", 2, 11, "b"), Change("d", 1, 20)]
-    apply(harness, topic, first, tmp_path, config=config)
+    harness.apply(topic, first, tmp_path, config=config)
     assert set(harness.silver(topic, where="_cdc_deleted")) == {1}
     age(harness, f"silver.{topic.table}", days=4, where="_cdc_deleted")
-    apply(harness, topic, [Change("d", 2, 30)], tmp_path, config=config)
+    harness.apply(topic, [Change("d", 2, 30)], tmp_path, config=config)
     # Key 1's soft-deleted row was past the horizon: gone; key 2 was deleted in this run: flagged, kept.
     assert set(harness.silver(topic)) == {2}
     assert set(harness.silver(topic, where="_cdc_deleted")) == {2}
@@ -436,8 +420,8 @@ def test_soft_deleted_rows_are_purged_after_the_horizon(harness: SilverHarness, 
 def test_silver_is_format_v2_merge_on_read(harness: SilverHarness, tmp_path: Path) -> None:
     """Row-level deletes as position deletes (v2), not v3 deletion vectors, and no copy-on-write rewrites per run."""
     topic = harness.topic("format")
-    apply(harness, topic, [Change("c", 1, 10, "a")], tmp_path)
-    apply(harness, topic, [Change("u", 1, 11, "b")], tmp_path)
+    harness.apply(topic, [Change("c", 1, 10, "a")], tmp_path)
+    harness.apply(topic, [Change("u", 1, 11, "b")], tmp_path)
     properties = {
         row["key"]: row["value"] for row in harness.spark.sql(f"show tblproperties silver.{topic.table}").collect()
     }

@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.debezium.ordering import OP_RANK
-from tests.silver_harness import Change, MongoChange, MongoTopic, SilverHarness, Topic
+from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay
 from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -29,12 +29,6 @@ def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFa
     return harness
 
 
-def apply(harness: SilverHarness, topic: Topic | MongoTopic, changes: list[Any], dumps: Path, config: str) -> None:
-    harness.land(topic, changes, dumps)
-    harness.write_model(topic, config)
-    assert harness.build(topic), "dbt build failed"
-
-
 def images(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, int | None]]:
     rows = harness.spark.sql(f"select id, v, n from silver.{topic.table} where {where}").collect()
     return {row["id"]: (row["v"], row["n"]) for row in rows}
@@ -44,11 +38,10 @@ def test_pk_only_updates_fold_across_the_unit_of_work(harness: SilverHarness, tm
     """Oracle with PK-only supplemental logging: an update carries the key and the columns it changed."""
     topic = harness.topic("pk_only")
     config = "ignore_null_updates=true"
-    apply(harness, topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 20, "x", n=200)], tmp_path, config)
+    harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 20, "x", n=200)], tmp_path, config)
     # Two updates of key 1 in one unit of work, each carrying one column: both survive (the winner alone would
     # have taken v from silver). Key 2's late update, older than silver's row, changes nothing.
-    apply(
-        harness,
+    harness.apply(
         topic,
         [Change(U, 1, 30, "b", n=None), Change(U, 1, 40, None, n=101), Change(U, 2, 15, "stale", n=None)],
         tmp_path,
@@ -57,8 +50,7 @@ def test_pk_only_updates_fold_across_the_unit_of_work(harness: SilverHarness, tm
     assert images(harness, topic) == {1: ("b", 101), 2: ("x", 200)}
     # After a delete, a full image's null is a value: the next partial update folds onto the new insert, not
     # onto the deleted row.
-    apply(
-        harness,
+    harness.apply(
         topic,
         [
             Change(D, 1, 50),
@@ -77,8 +69,8 @@ def test_pk_only_updates_fold_across_the_unit_of_work(harness: SilverHarness, tm
 def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
     topic = harness.topic("pk_only_scd2")
     config = "ignore_null_updates=true, history='scd2'"
-    apply(harness, topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 20, "b", n=None)], tmp_path, config)
-    apply(harness, topic, [Change(U, 1, 30, None, n=101), Change(U, 1, 25, None, n=99)], tmp_path, config)
+    harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 20, "b", n=None)], tmp_path, config)
+    harness.apply(topic, [Change(U, 1, 30, None, n=101), Change(U, 1, 25, None, n=99)], tmp_path, config)
     rows = harness.rows(f"silver.{topic.table}", "v, n, _cdc_valid_from[0] as at", "at")
     # The late update at 25 lands between 20 and 30, folded onto the version before it.
     assert [(row["at"], row["v"], row["n"]) for row in rows] == [
@@ -122,13 +114,7 @@ partial_changes = st.lists(
 )
 
 
-@settings(
-    max_examples=3,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-    phases=[Phase.explicit, Phase.generate],
-)
+@dbt_examples(3)
 @given(batches=st.lists(partial_changes, min_size=1, max_size=3), replay=st.booleans())
 def test_random_partial_updates_match_the_reference_model(
     harness: SilverHarness,
@@ -144,10 +130,8 @@ def test_random_partial_updates_match_the_reference_model(
         changes = [
             Change(op, key, lsn, None if op == "d" else v, n=None if op == "d" else n) for op, key, lsn, v, n in batch
         ]
-        if replay and landed:
-            changes = landed[: len(landed) // 2] + changes
-        landed.extend(changes)
-        apply(harness, topic, changes, dumps, "ignore_null_updates=true")
+        changes = with_replay(landed, changes, replay)
+        harness.apply(topic, changes, dumps, "ignore_null_updates=true")
         fold_unit(state, topic.landed[-len(changes) :])
         expected = {key: (image["v"], image["n"]) for key, (_, image) in state.items() if image is not None}
         assert images(harness, topic) == expected
@@ -221,7 +205,7 @@ def test_mongodb_update_descriptions_fold_into_documents(harness: SilverHarness,
         # nested paths: a field of a sub-document, an element appended to an array, a field inside an element
         MongoChange("u", 1, 102, updated={"address.city": "Lyon", "tags.3": "d", "orders.0.qty": 2}),
     ]
-    apply(harness, topic, first, tmp_path, config)
+    harness.apply(topic, first, tmp_path, config)
     assert harness.documents(topic) == expected_documents(first)
     second = [
         # JSON types survive: a string that looks like a number or a boolean stays a string, null stays null
@@ -232,14 +216,13 @@ def test_mongodb_update_descriptions_fold_into_documents(harness: SilverHarness,
         MongoChange("u", 1, 105, truncated=[("tags", 2)], updated={"tags.1": "B", "orders.3": {"sku": "y"}}),
         MongoChange("u", 2, 103, updated={"score": 1.5, "new": {"deep": [1, "2"]}}),
     ]
-    apply(harness, topic, second, tmp_path, config)
+    harness.apply(topic, second, tmp_path, config)
     expected = expected_documents(first + second)
     assert harness.documents(topic) == expected
     assert expected["1"]["orders"] == [{"sku": "x", "qty": 2}, None, None, {"sku": "y"}]  # padded as MongoDB does
     # A late update (older than silver's document) changes nothing; a full update (change_streams_update_full)
     # replaces the document.
-    apply(
-        harness,
+    harness.apply(
         topic,
         [MongoChange("u", 2, 99, updated={"score": -1}), MongoChange("u", 1, 106, after={"_id": 1, "only": True})],
         tmp_path,
@@ -260,7 +243,7 @@ def test_mongodb_oplog_patches_fold_into_documents(harness: SilverHarness, tmp_p
         MongoChange("u", 2, 101, patch={"_id": 2, "name": "Robert"}),  # a replacement: the whole document
         MongoChange("u", 2, 102, patch={"$set": {"score": 2}}),
     ]
-    apply(harness, topic, changes, tmp_path, "")
+    harness.apply(topic, changes, tmp_path, "")
     assert harness.documents(topic) == expected_documents(changes)
 
 
@@ -268,9 +251,9 @@ def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path
     topic = harness.mongo_topic("scd2_documents")
     config = "history='scd2'"
     first = [MongoChange(C, 1, 100, after=ANNE), MongoChange("u", 1, 101, updated={"name": "A"})]
-    apply(harness, topic, first, tmp_path, config)
+    harness.apply(topic, first, tmp_path, config)
     second = [MongoChange("u", 1, 103, removed=["tags"]), MongoChange("u", 1, 102, updated={"visits": 7})]
-    apply(harness, topic, second, tmp_path, config)
+    harness.apply(topic, second, tmp_path, config)
     rows = harness.rows(f"silver.{topic.table}", "_cdc_document, _cdc_valid_from[0] as at", "at")
     documents = [orjson.loads(row["_cdc_document"]) for row in rows]
     changes = sorted(first + second, key=lambda c: c.sec)

@@ -6,10 +6,10 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.silver_harness import Change, SilverHarness, Topic, Version
+from tests.silver_harness import Change, SilverHarness, Version, dbt_examples, with_replay
 from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -26,12 +26,6 @@ def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFa
     return harness
 
 
-def apply(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, config: str = HARD) -> None:
-    harness.land(topic, changes, dumps)
-    harness.write_model(topic, config)
-    assert harness.build(topic), "dbt build failed"
-
-
 def source_ts(lsn: int) -> dt.datetime:
     """The harness writes source.ts_ms = 1_700_000_000_000 + lsn; pyspark gives naive UTC datetimes."""
     return dt.datetime(2023, 11, 14, 22, 13, 20) + dt.timedelta(milliseconds=lsn)
@@ -40,8 +34,8 @@ def source_ts(lsn: int) -> dt.datetime:
 def test_versions_of_a_create_update_update_delete_history(harness: SilverHarness, tmp_path: Path) -> None:
     hard, soft = harness.topic("cuud_hard"), harness.topic("cuud_soft")
     history = [Change(C, 1, 10, "a"), Change(U, 1, 20, "b"), Change(U, 1, 30, "c"), Change(D, 1, 40)]
-    apply(harness, hard, history, tmp_path)
-    apply(harness, soft, history, tmp_path, SOFT)
+    harness.apply(hard, history, tmp_path, HARD)
+    harness.apply(soft, history, tmp_path, SOFT)
     assert harness.history(hard) == [
         Version(1, 10, 0, C, "a", 20, False),
         Version(1, 20, 1, U, "b", 30, False),
@@ -74,13 +68,13 @@ def test_replays_and_reruns_change_nothing(harness: SilverHarness, tmp_path: Pat
         Change(D, 2, 4),
         Change(C, 2, 5, "b2"),
     ]
-    apply(harness, topic, changes, tmp_path)
+    harness.apply(topic, changes, tmp_path, HARD)
     before = harness.rows(f"silver.{topic.table}", order="id, _cdc_valid_from")
     snapshot = harness.silver_snapshot(topic)
     assert harness.build(topic)  # nothing new: no commit
     assert harness.silver_snapshot(topic) == snapshot
-    apply(harness, topic, changes, tmp_path)  # the same changes land again, at new offsets
-    apply(harness, topic, changes[1:3], tmp_path)  # and a part of them once more
+    harness.apply(topic, changes, tmp_path, HARD)  # the same changes land again, at new offsets
+    harness.apply(topic, changes[1:3], tmp_path, HARD)  # and a part of them once more
     # Not a row rewritten: same versions, same offsets (the first landed copy), same _cdc_applied_at.
     assert harness.rows(f"silver.{topic.table}", order="id, _cdc_valid_from") == before
     assert harness.history(topic) == topic.expected_history()
@@ -90,8 +84,7 @@ def test_replays_and_reruns_change_nothing(harness: SilverHarness, tmp_path: Pat
 def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     topic = harness.topic("scd2_late")
     soft = "soft" in config
-    apply(
-        harness,
+    harness.apply(
         topic,
         [Change(C, 1, 10, "a"), Change(U, 1, 30, "c"), Change(C, 2, 10, "x"), Change(D, 2, 30)],
         tmp_path,
@@ -99,8 +92,8 @@ def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path
     )
     # A late update in the middle of key 1's history, a late update of key 2 before its delete, and a delete of
     # key 3 that arrives before the insert it follows (the insert comes later and must stay closed).
-    apply(harness, topic, [Change(U, 1, 20, "b"), Change(U, 2, 20, "y"), Change(D, 3, 50)], tmp_path, config)
-    apply(harness, topic, [Change(C, 3, 40, "late insert"), Change(U, 1, 5, "before the insert")], tmp_path, config)
+    harness.apply(topic, [Change(U, 1, 20, "b"), Change(U, 2, 20, "y"), Change(D, 3, 50)], tmp_path, config)
+    harness.apply(topic, [Change(C, 3, 40, "late insert"), Change(U, 1, 5, "before the insert")], tmp_path, config)
     history = harness.history(topic)
     assert history == topic.expected_history(soft=soft)
     key1 = [(v.valid_from, v.v, v.valid_to, v.is_current) for v in history if v.id == 1]
@@ -117,17 +110,16 @@ def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path
 @pytest.mark.parametrize("config", [HARD, pytest.param(SOFT, marks=pytest.mark.slow)], ids=["hard", "soft"])
 def test_truncate_ends_every_open_version(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     topic = harness.topic("scd2_truncate")
-    apply(
-        harness,
+    harness.apply(
         topic,
         [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(D, 3, 4)],
         tmp_path,
         config,
     )
-    apply(harness, topic, [Change(U, 2, 6, "b2"), Change(C, 4, 12, "new")], tmp_path, config)
+    harness.apply(topic, [Change(U, 2, 6, "b2"), Change(C, 4, 12, "new")], tmp_path, config)
     # The truncate at 10 ends keys 1 and 2 (key 3 was deleted before it); key 4 was created after it; an
     # insert older than it, landing with it, is ended by it too.
-    apply(harness, topic, [Change(T, 0, 10), Change(C, 5, 8, "older")], tmp_path, config)
+    harness.apply(topic, [Change(T, 0, 10), Change(C, 5, 8, "older")], tmp_path, config)
     history = harness.history(topic)
     assert history == topic.expected_history(soft="soft" in config)
     ends = {v.id: v.valid_to for v in history if v.op in "cur" and v.valid_to is not None}
@@ -138,9 +130,9 @@ def test_truncate_ends_every_open_version(harness: SilverHarness, tmp_path: Path
 @pytest.mark.parametrize("config", [HARD, pytest.param(SOFT, marks=pytest.mark.slow)], ids=["hard", "soft"])
 def test_full_refresh_gives_the_same_table(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     topic = harness.topic("scd2_refresh")
-    apply(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
-    apply(harness, topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], tmp_path, config)
-    apply(harness, topic, [Change(U, 1, 3, "late"), Change(T, 0, 6), Change(C, 1, 7, "again")], tmp_path, config)
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
+    harness.apply(topic, [Change(U, 2, 3, "b2"), Change(D, 1, 4), Change(C, 3, 5, "c")], tmp_path, config)
+    harness.apply(topic, [Change(U, 1, 3, "late"), Change(T, 0, 6), Change(C, 1, 7, "again")], tmp_path, config)
     names = [c for c in harness.spark.table(f"silver.{topic.table}").columns if c != "_cdc_applied_at"]
     columns = ", ".join(names)
     incremental = harness.rows(f"silver.{topic.table}", columns, "id, _cdc_valid_from, _cdc_offset")
@@ -151,7 +143,7 @@ def test_full_refresh_gives_the_same_table(harness: SilverHarness, tmp_path: Pat
 
 def test_switching_history_needs_a_full_refresh(harness: SilverHarness, tmp_path: Path) -> None:
     topic = harness.topic("scd2_switch")
-    apply(harness, topic, [Change(C, 1, 1, "a")], tmp_path, "")
+    harness.apply(topic, [Change(C, 1, 1, "a")], tmp_path, "")
     harness.land(topic, [Change(U, 1, 2, "b")], tmp_path)
     harness.write_model(topic, HARD)
     assert not harness.build(topic)
@@ -167,14 +159,7 @@ changes_strategy = st.lists(
 )
 
 
-# Each example runs dbt a few times: few examples, and no shrinking (it would run dbt hundreds of times).
-@settings(
-    max_examples=4,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,
-    phases=[Phase.explicit, Phase.generate],
-)
+@dbt_examples(4)
 @given(batches=st.lists(changes_strategy, min_size=1, max_size=3), replay=st.booleans(), soft=st.booleans())
 def test_random_histories_match_the_reference_model(
     harness: SilverHarness,
@@ -191,10 +176,8 @@ def test_random_histories_match_the_reference_model(
     landed: list[Change] = []
     for batch in batches:
         changes = [Change(op, key, lsn, None if op == "d" else (value or "v")) for op, key, lsn, value in batch]
-        if replay and landed:
-            changes = landed[: len(landed) // 2] + changes  # replay of an old segment
-        landed.extend(changes)
-        apply(harness, topic, changes, dumps, config)
+        changes = with_replay(landed, changes, replay)
+        harness.apply(topic, changes, dumps, config)
         assert harness.history(topic) == topic.expected_history(soft=soft)
     assert harness.build(topic, "--full-refresh")
     assert harness.history(topic) == topic.expected_history(soft=soft)
