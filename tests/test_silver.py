@@ -234,6 +234,26 @@ def test_silver_rows_carry_their_metadata(harness: SilverHarness, dumps: Path) -
     assert {"id", "v", "n"} <= row.keys()
 
 
+def test_relations_are_listed_without_describing_every_table(harness: SilverHarness, dumps: Path) -> None:
+    """dbt fills its relation cache with one `show tables` per schema (relations.sql), not dbt-spark's `describe
+    extended` of every table in it; the existing silver table is still found, so the next run is incremental."""
+    topic, other = harness.topic("listed"), harness.topic("unselected")
+    harness.apply(other, [Change(C, 1, 1, "x")], dumps)
+    harness.apply(topic, [Change(C, 1, 1, "a")], dumps)
+    created = harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
+    harness.apply(topic, [Change(U, 1, 2, "b")], dumps)
+    statements = log.read_bytes()[start:].decode()
+    assert "show tables in silver" in statements
+    assert "show tables in bronze" in statements
+    assert f"describe extended silver.{other.table}" not in statements
+    assert f"describe extended bronze.{other.table}" not in statements
+    assert harness.silver(topic) == {1: "b"}
+    # Found as an existing Iceberg table: the run added to its snapshots instead of creating it again.
+    assert harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")[: len(created)] == created
+
+
 changes_strategy = st.lists(
     st.tuples(st.sampled_from("cudr"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])),
     min_size=1,

@@ -1,0 +1,36 @@
+{#-
+  How dbt lists a schema's relations (its relation cache, filled at the start of every invocation).
+
+  dbt-spark asks `show table extended`, which Spark 3.5 refuses for v2 catalogs such as Iceberg's (SPARK-33393);
+  its fallback then runs `describe extended` once per table of every schema the project touches, so each `dbt
+  run` costs a statement per bronze and silver table of the lakehouse, whichever models it selects. In an Iceberg
+  catalog (`org.apache.iceberg.spark.SparkCatalog`) every table is an Iceberg table, so one `show tables` per
+  schema tells dbt all it uses: the names, that each is a table, and that its provider is Iceberg. (Neither path
+  lists views of a v2 catalog: `show tables` does not return them.) Any other catalog, Spark's session catalog
+  included, keeps dbt-spark's listing.
+
+  dbt finds this macro when the project dispatches the `dbt` namespace through the package (dbt_project.yml):
+    dispatch:
+      - macro_namespace: dbt
+        search_order: ['<your project>', 'cdclake', 'dbt']
+-#}
+{% macro spark__list_relations_without_caching(relation) %}
+  {%- if not cdclake.is_iceberg_catalog() -%}
+    {{ return(dbt.spark__list_relations_without_caching(relation)) }}
+  {%- endif -%}
+  {#- Rows as dbt-spark reads `show table extended`: namespace, name, isTemporary, information. Temporary views
+      (listed with every namespace) belong to no schema. -#}
+  {%- set rows = [] -%}
+  {%- for row in run_query('show tables in ' ~ relation.schema ~ " like '*'") if not row[2] -%}
+    {% do rows.append([row[0], row[1], row[2], 'Type: MANAGED\nProvider: iceberg\n']) %}
+  {%- endfor -%}
+  {{ return(rows) }}
+{% endmacro %}
+
+
+{#- Whether the session's current catalog is an Iceberg catalog (which holds Iceberg tables only). -#}
+{% macro is_iceberg_catalog() -%}
+  {%- set catalog = run_query('select current_catalog()').rows[0][0] -%}
+  {%- set implementation = run_query('set spark.sql.catalog.' ~ catalog).rows[0][1] -%}
+  {{ return(implementation == 'org.apache.iceberg.spark.SparkCatalog') }}
+{%- endmacro %}
