@@ -17,7 +17,7 @@
   image before net effect (partial_images.sql), so every path below sees full images.
 
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
-  1. the new bronze rows (Iceberg's incremental append scan) are read once, into memory;
+  1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
   2. they are decided into `<model>__cdc_batch`, an Iceberg table every run replaces: per touched key the row
      silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
      for the touched keys (broadcast semi-joins), and their positions only for changes at or below
@@ -87,16 +87,9 @@
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
   {%- else -%}
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
+    {#- The new changes are not cached: two statements read them (the truncate's position and the batch), each
+        only the columns it needs, which costs less than caching every bronze column (docs/silver.md). -#}
     {%- set incremental = start is not none -%}
-    {%- if incremental -%}
-      {#- The new changes are read once, into memory: the statements below read them several times. (Not all of
-          bronze, when a first run or an expired snapshot makes the run read everything.) -#}
-      {%- set input = identifier ~ '__cdc_input' -%}
-      {% do run_query('uncache table if exists ' ~ input) %}
-      {% do run_query('create or replace temporary view ' ~ input ~ ' as select * from ' ~ changes) %}
-      {% do run_query('cache table ' ~ input) %}
-      {%- set changes = input -%}
-    {%- endif -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set input_sql = sql | replace(bronze | string, folded) -%}
@@ -167,13 +160,11 @@
       {%- endif -%}
     {%- endif -%}
     {% do cdclake.drop_folded_images(folded) %}
-    {%- if incremental -%}
-      {% do run_query('uncache table if exists ' ~ changes) %}
-      {% do run_query('drop view if exists ' ~ changes) %}
-    {%- endif -%}
     {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'"] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
+    {#- A table made before silver_table_properties had it (a property the user set stays). -#}
+    {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
     {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
@@ -189,11 +180,17 @@
 {% endmaterialization %}
 
 
+{#-
+  Merge-on-read: a run writes position deletes for the rows it replaces instead of rewriting their data files.
+  `write.delete.distribution-mode` 'none': each task scanning silver writes the deletes of the files it read
+  (Iceberg's default, 'hash', sends every delete of an unpartitioned table to one task: one core writes them all).
+-#}
 {% macro silver_table_properties() -%}
   'format-version' = '2',
   'write.delete.mode' = 'merge-on-read',
   'write.update.mode' = 'merge-on-read',
   'write.merge.mode' = 'merge-on-read',
+  'write.delete.distribution-mode' = 'none',
   'write.parquet.compression-codec' = 'zstd'
 {%- endmacro %}
 
