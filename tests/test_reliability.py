@@ -235,6 +235,44 @@ def test_dbt_killed_mid_apply_leaves_old_or_new_state_long(tmp_path: Path) -> No
     dbt_kill_loop(tmp_path / "lake", trials=10, seed=17)
 
 
+def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
+    """Two `cdclake dbt build`s of the same model at once, for each of ``waves`` new bronze waves (a scheduler
+    starting a run before the last one ended): while they run, silver holds the state before or after the wave,
+    never a mix or a duplicate key; at least one of them succeeds (the other fails on Iceberg's optimistic commit
+    check); the build after them converges to the reference state. Their duplicated tombstones are harmless
+    (test_silver.py)."""
+    lake = SilverLake.create(root, seed)
+    old = lake.land_wave()
+    run_cdclake(lake.config, "dbt", "build", "--select", lake.topic.table, root=lake.root)
+    assert lake.silver() == old
+    for wave in range(waves):
+        new = lake.land_wave()
+        builds = [lake.build(), lake.build()]
+        while any(build.process.poll() is None for build in builds):
+            state = lake.silver()  # asserts unique keys
+            assert state in (old, new), f"wave {wave}: silver in between:\n{state}\nold: {old}\nnew: {new}"
+            time.sleep(0.05)
+        codes = [build.wait() for build in builds]
+        assert 0 in codes, f"wave {wave}: both overlapping builds failed:\n{builds[0].tail(30)}\n{builds[1].tail(30)}"
+        run_cdclake(lake.config, "dbt", "build", "--select", lake.topic.table, root=lake.root)
+        assert lake.silver() == new, f"wave {wave}: the build after the overlapping ones did not converge"
+        print(f"wave {wave}: overlapping builds exited {codes}")
+        old = new
+
+
+@pytest.mark.spark
+@pytest.mark.dbt
+def test_overlapping_runs_of_one_model_never_mix(tmp_path: Path) -> None:
+    overlapping_builds_loop(tmp_path / "lake", waves=1, seed=23)
+
+
+@pytest.mark.spark
+@pytest.mark.dbt
+@pytest.mark.slow
+def test_overlapping_runs_of_one_model_never_mix_long(tmp_path: Path) -> None:
+    overlapping_builds_loop(tmp_path / "lake", waves=3, seed=29)
+
+
 # -- 2. the broker stopped and restarted mid-stream (durable storage) --------------------------------------------------
 def healthz(port: int) -> tuple[int, str]:
     try:

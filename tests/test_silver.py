@@ -88,6 +88,26 @@ def test_late_older_changes_never_resurrect_or_overwrite(harness: SilverHarness,
     assert harness.silver(topic) == {1: "reborn", 2: "y3"}
 
 
+def test_a_tombstone_recorded_twice_is_harmless(harness: SilverHarness, dumps: Path) -> None:
+    """Two overlapping runs of one model that apply the same delete can both find no tombstone for the key and both
+    add one. Later units must still decide one row per key: no duplicate silver row, no failed tombstone MERGE."""
+    topic = harness.topic("twice")
+    harness.apply(topic, [Change(C, 1, 10, "x"), Change(C, 2, 10, "y")], dumps)
+    harness.apply(topic, [Change(D, 1, 20)], dumps)
+    tombstones = f"silver.{topic.table}__cdc_tombstones"
+    harness.spark.sql(f"insert into {tombstones} select * from {tombstones}")
+    assert len(harness.rows(tombstones)) == 2
+    # A late older update (below the applied position: positions are looked up) stays void.
+    harness.apply(topic, [Change(U, 1, 15, "zombie")], dumps)
+    assert harness.silver(topic) == {2: "y"}
+    # A newer insert (above it: only the tombstones' existence is looked up) applies once and retires them.
+    harness.apply(topic, [Change(C, 1, 30, "reborn")], dumps)
+    assert harness.silver(topic) == {1: "reborn", 2: "y"}
+    assert harness.rows(tombstones) == []
+    harness.apply(topic, [Change(D, 1, 40), Change(U, 1, 35, "late")], dumps)
+    assert harness.silver(topic) == {2: "y"}
+
+
 def test_insert_then_delete_in_one_unit_leaves_nothing(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("transient")
     harness.apply(topic, [Change(C, 1, 1, "keep")], dumps)

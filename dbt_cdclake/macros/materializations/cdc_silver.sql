@@ -276,6 +276,8 @@
   The unit of work, decided: per touched key the row silver must hold (for a delete in hard mode, the key and its
   position), left out when not newer than its key's silver row or tombstone, or not newer than the latest truncate.
   Silver and tombstones are read only for the touched keys (left semi-joins, broadcast in an incremental run);
+  the tombstones one row per key: two overlapping runs of the model that apply the same delete can both add its
+  tombstone, and a joined duplicate would duplicate the key's batch row (a second silver row, a failed MERGE);
   their positions only for keys with changes at or below `applied_position` (none, usually: adaptive execution
   then skips the scan); silver's other columns only for soft deletes, which keep the row's values.
   A table, not a cached view: the statements after it change silver and the tombstones, which a view over them
@@ -322,19 +324,20 @@
   ) t on {{ cdclake.key_match(keys, 's', 't') }}
   {%- if delete_mode == 'hard' %}
   left join (
-    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}true as _cdc_found
+    select {{ hint }} distinct {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}true as _cdc_found
     from {{ tombstones }} b
     left semi join (select {{ input_keys }}) k on {{ cdclake.key_match(keys, 'b', 'k') }}
   ) bx on {{ cdclake.key_match(keys, 's', 'bx') }}
   left join (
-    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}b._cdc_order, b._cdc_op, b._cdc_offset, true as _cdc_found
+    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}max({{ cdclake.position('b') }}) as _cdc_position, true as _cdc_found
     from {{ tombstones }} b
     left semi join (select {{ input_keys }} and ({{ below }})) k on {{ cdclake.key_match(keys, 'b', 'k') }}
+    group by {% for key in keys %}b.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   ) b on {{ cdclake.key_match(keys, 's', 'b') }}
   {%- endif %}
   where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }})
   {%- if delete_mode == 'hard' %}
-    and (b._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('b') }})
+    and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position)
   {%- endif %}
   {%- if truncate is not none %}
     and {{ cdclake.position('s') }} > {{ truncate.literal }}
