@@ -199,6 +199,33 @@ def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps:
     assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
 
 
+def test_each_run_decides_into_a_batch_table_of_its_own(harness: SilverHarness, dumps: Path) -> None:
+    """A run of the model overlapping another cannot replace the batch the other applies: each run writes
+    `<model>__cdc_batch_<invocation>` and drops, files and all, the ones earlier runs left (also the one table
+    older versions replaced every run)."""
+    topic = harness.topic("batches")
+    harness.apply(topic, [Change(C, 1, 1, "a")], dumps)
+    older = f"{topic.table}__cdc_batch"
+    harness.spark.sql(f"create table silver.{older} using iceberg as select 1 as id")
+    older_files = Path(load_catalog(harness.settings).load_table(f"silver.{older}").location().removeprefix("file:"))
+    assert any(older_files.rglob("*.parquet"))
+
+    def batch_tables() -> list[str]:
+        names = [row["tableName"] for row in harness.spark.sql("show tables in silver").collect()]
+        return [name for name in names if name.startswith(older)]
+
+    harness.apply(topic, [Change(U, 1, 2, "b")], dumps)
+    first = batch_tables()
+    assert len(first) == 1, first
+    assert first[0].startswith(f"{older}_"), first
+    assert not any(older_files.rglob("*.parquet")), "the dropped batch table's files were left behind"
+    harness.apply(topic, [Change(U, 1, 3, "c")], dumps)
+    second = batch_tables()
+    assert len(second) == 1, second
+    assert second != first
+    assert harness.silver(topic) == {1: "c"}
+
+
 def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not(
     harness: SilverHarness, dumps: Path
 ) -> None:

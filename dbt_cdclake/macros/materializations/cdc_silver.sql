@@ -18,7 +18,8 @@
 
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
-  2. they are decided into `<model>__cdc_batch`, an Iceberg table every run replaces: per touched key the row
+  2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run (the next run drops
+     it): per touched key the row
      silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
      for the touched keys (broadcast semi-joins), and their positions only for changes at or below
      `cdclake.applied_position` (the greatest position ever applied): a change above it is newer than anything
@@ -119,14 +120,19 @@
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
-      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs. -#}
+      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs; the
+          batch tables of earlier runs neither. -#}
       {% do cdclake.drop_apply_branches(target) %}
+      {% do cdclake.drop_batch_tables(target) %}
       {%- set applied_position = properties.get('cdclake.applied_position') -%}
       {%- if applied_position is none -%}
         {#- A table from before cdclake.applied_position: its bound, once, from what silver and tombstones hold. -#}
         {%- set applied_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
       {%- endif -%}
-      {%- set batch = api.Relation.create(identifier=identifier ~ '__cdc_batch', schema=schema, database=database, type='table') -%}
+      {#- The run's own batch table: a run of the model overlapping this one must not replace it between this run's
+          DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete). -#}
+      {%- set run_id = invocation_id | replace('-', '') -%}
+      {%- set batch = api.Relation.create(identifier=identifier ~ '__cdc_batch_' ~ run_id, schema=schema, database=database, type='table') -%}
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
@@ -137,7 +143,7 @@
       {%- if inserts_rows -%}
         {#- Staged on a branch of this run, then main is fast-forwarded to it: main moves once, from the old state
             to the new one. A concurrent run's fast-forward fails (main moved), never mixes. -#}
-        {%- set branch = 'cdclake_apply_' ~ (invocation_id | replace('-', '')) -%}
+        {%- set branch = 'cdclake_apply_' ~ run_id -%}
         {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental)) %}
@@ -260,6 +266,19 @@
     select {{ cdclake.position('b') }} as p from {{ tombstones }} b
     {%- endif %}
   )
+{%- endmacro %}
+
+
+{#-
+  Drops the batch tables of earlier runs (`<model>__cdc_batch*`; each run keeps its own until the next, for a look
+  at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files. A run overlapping this one loses its
+  table and fails before main moves; the next run applies what it did not.
+-#}
+{% macro drop_batch_tables(target) -%}
+  {%- set prefix = target.identifier ~ '__cdc_batch' -%}
+  {%- for row in run_query('show tables in ' ~ target.schema).rows if not row[2] and row[1].startswith(prefix) -%}
+    {% do run_query('drop table if exists ' ~ target.schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+  {%- endfor -%}
 {%- endmacro %}
 
 
