@@ -262,15 +262,9 @@ def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
 
 @pytest.mark.spark
 @pytest.mark.dbt
-def test_overlapping_runs_of_one_model_never_mix(tmp_path: Path) -> None:
-    overlapping_builds_loop(tmp_path / "lake", waves=1, seed=23)
-
-
-@pytest.mark.spark
-@pytest.mark.dbt
-@pytest.mark.slow
-def test_overlapping_runs_of_one_model_never_mix_long(tmp_path: Path) -> None:
-    overlapping_builds_loop(tmp_path / "lake", waves=3, seed=29)
+@pytest.mark.parametrize("waves", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["default", "long"])
+def test_overlapping_runs_of_one_model_never_mix(tmp_path: Path, waves: int) -> None:
+    overlapping_builds_loop(tmp_path / "lake", waves=waves, seed=23)
 
 
 # -- 2. the broker stopped and restarted mid-stream (durable storage) --------------------------------------------------
