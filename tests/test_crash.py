@@ -102,7 +102,8 @@ def crash_loop(broker: TansuBroker, root: Path, trials: int, n_records: int, see
     unexpected = set(counts) - expected
     assert outstanding_kills > 0, "every kill came after the stream was drained: the test proved nothing"
     assert mid_commit_kills > 0, "no kill landed inside a commit"
-    assert not lost, f"lost {len(lost)}, e.g. {sorted(lost)[:5]}"
+    group_log = "".join(line for line in drain.lines if "assigned" in line or "member of group" in line)
+    assert not lost, f"lost {len(lost)}, e.g. {sorted(lost)[:5]}; the draining run's group log:\n{group_log}"
     assert not duplicated, f"duplicated {len(duplicated)}, e.g. {sorted(duplicated)[:5]}"
     assert not unexpected
 

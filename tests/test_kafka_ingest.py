@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +209,6 @@ def test_cooperative_rebalancing_is_supported(broker: TansuBroker, lakehouse: Pa
 
 def test_a_topic_created_after_start_is_waited_for(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
     """Debezium creates topics lazily: the service must not die because its topic does not exist yet."""
-    import threading
-    import time
 
     from ingest.cli.ingest_cmd import build_pipeline
 
@@ -232,3 +232,91 @@ def test_a_topic_created_after_start_is_waited_for(broker: TansuBroker, lakehous
         runner.join(30)
     assert not runner.is_alive(), "the ingester did not stop"
     assert set(bronze_coordinates(settings)) == expected
+
+
+# A member of the group in a process of its own, which the test can SIGKILL: it reports its assignments.
+GROUP_MEMBER = """
+import sys
+from confluent_kafka import Consumer
+consumer = Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2], "enable.auto.commit": False,
+                     "session.timeout.ms": 2000, "heartbeat.interval.ms": 500})
+consumer.subscribe(sys.argv[3].split(","), on_assign=lambda c, ps: print("assigned", len(ps), flush=True))
+while True:
+    consumer.poll(0.1)
+"""
+
+
+class OnceBesideAMember:
+    """Records on 2 topics x 3 partitions; a group member (its own process) holding all of them; then an
+    in-process `--once` run joining the group, on a thread, once the group has split the partitions."""
+
+    def __init__(self, broker: TansuBroker, lakehouse: Path, name: str) -> None:  # noqa: F811
+        import subprocess
+
+        from ingest.cli.ingest_cmd import build_pipeline
+        from ingest.sources.kafka import KafkaSource
+
+        stream = build_stream("db2", seed=8, n_keys=20, n_changes=120, partitions=PARTITIONS)
+        self.expected = publish(broker, retopic(stream.records, unique(name)), PARTITIONS)
+        topics = sorted({t for t, _, _ in self.expected})
+        self.settings = kafka_settings(lakehouse, broker, topics=topics)
+        assert self.settings.source is not None
+        group = self.settings.source.group_id
+        self.member = subprocess.Popen(
+            [sys.executable, "-c", GROUP_MEMBER, broker.bootstrap_servers, group, ",".join(topics)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.member.stdout is not None
+        assert self.member.stdout.readline().strip() == f"assigned {len(topics) * PARTITIONS}"
+        self.pipeline = build_pipeline(self.settings)
+        self.runner = threading.Thread(target=self.pipeline.run, kwargs={"once": True}, daemon=True)
+        self.started = time.monotonic()
+        self.runner.start()
+        source = self.pipeline.source
+        assert isinstance(source, KafkaSource)
+        while not source.assignment and time.monotonic() - self.started < 60:
+            time.sleep(0.02)
+        self.first_share = source.assignment
+        assert 0 < len(self.first_share) < len(topics) * PARTITIONS, "the group did not split the partitions"
+
+    def finish(self) -> float:
+        """Seconds the `--once` run took."""
+        self.runner.join(60)
+        assert not self.runner.is_alive(), "the --once run did not finish"
+        return time.monotonic() - self.started
+
+    def close(self) -> None:
+        self.member.kill()
+        self.member.wait(10)
+
+
+def test_once_waits_for_the_partitions_of_a_member_that_died(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+    """A member killed without leaving the group keeps its partitions until its session expires: a `--once` run
+    must not stop at the end of its own share and leave them unread."""
+    run = OnceBesideAMember(broker, lakehouse, "dead-member")
+    run.close()
+    run.finish()
+    counts = bronze_coordinates(run.settings)
+    assert set(counts) == run.expected, f"unread: {len(run.expected - set(counts))} records"
+    assert set(counts.values()) == {1}
+
+
+def test_once_leaves_a_live_member_its_share(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With another live member, `--once` ends after the handover grace with its own share, and says so."""
+    run = OnceBesideAMember(broker, lakehouse, "live-member")
+    try:
+        with caplog.at_level(logging.INFO, logger="ingest.sources.kafka"):
+            took = run.finish()
+    finally:
+        run.close()
+    counts = bronze_coordinates(run.settings)
+    assert set(counts) == {c for c in run.expected if c[:2] in run.first_share}
+    assert set(counts.values()) == {1}
+    assert took >= 4.0  # twice the tests' session.timeout.ms
+    held = sorted(tp for tp in {c[:2] for c in run.expected} if tp not in run.first_share)
+    assert f"caught up on this member's share: {held[0][0]}[{held[0][1]}]" in caplog.text

@@ -3,7 +3,10 @@
 Partitions are positioned from bronze's own offsets on every assignment, so a restart or a rebalance resumes
 exactly where the bronze tables say; the consumer group's committed offsets are written for monitoring only.
 Catch-up for ``--once`` is detected with partition EOF events, not with ListOffsets (unreliable on some
-Kafka-protocol brokers).
+Kafka-protocol brokers). Caught up also means every partition of the subscription is read here, or has stayed
+with another member of the group for a handover grace (twice ``session.timeout.ms``): a member that died without
+leaving (SIGKILL, a lost container, static membership) keeps its partitions until its session expires, and a
+``--once`` run that stopped at the end of its own share would silently leave them unread.
 
 Broker outages: librdkafka reconnects by itself (``reconnect.backoff.ms`` .. ``reconnect.backoff.max.ms``). Its
 global errors (``error_cb``: all brokers down, transport, authentication, TLS) mark the source *unreachable*: then
@@ -16,6 +19,7 @@ no proof of that.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -43,6 +47,8 @@ UNREACHABLE_ERRORS = frozenset(
     }
 )
 PROBE_INTERVAL_S = 1.0
+# How often the subscription's partitions are re-read from metadata while everything assigned is read to its end.
+SUBSCRIPTION_REFRESH_S = 2.0
 
 
 class KafkaSourceError(CdclakeError):
@@ -94,6 +100,13 @@ class KafkaSource:
         self._positions: dict[tuple[str, int], int] = {}
         self._started_at = 0.0
         self._assigned_once = False
+        self._assignment_changed_at = 0.0
+        # The subscription's partitions per the cluster's metadata, and when they were read (None: never).
+        self._subscribed: set[tuple[str, int]] = set()
+        self._subscribed_at: float | None = None
+        self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
+        self._accepted_held: frozenset[tuple[str, int]] = frozenset()
+        self._handover_grace_s = 12.0
         self._cooperative = False
         # Set while no broker can be reached: (unix time it started, librdkafka's last error text).
         self._unreachable: tuple[float, str] | None = None
@@ -104,6 +117,7 @@ class KafkaSource:
         self._resolve = resolve
         config = consumer_config(self.settings)
         config["error_cb"] = self._on_error
+        self._handover_grace_s = 2 * int(config.get("session.timeout.ms", 45000)) / 1000
         self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")).lower()
         try:
             self._consumer = Consumer(config, logger=log)
@@ -143,6 +157,7 @@ class KafkaSource:
         else:
             consumer.assign(partitions)
         self._assigned_once = True
+        self._assignment_changed_at = time.monotonic()
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = [(p.topic, p.partition) for p in partitions]
@@ -153,6 +168,7 @@ class KafkaSource:
             self._assigned.discard(tp)
             self._at_eof.discard(tp)
             self._positions.pop(tp, None)
+        self._assignment_changed_at = time.monotonic()
         if self._cooperative:
             consumer.incremental_unassign(partitions)
         else:
@@ -256,13 +272,73 @@ class KafkaSource:
             if last.get(tp, -1) < before:
                 self._at_eof.add(tp)
 
+    @property
+    def assignment(self) -> frozenset[tuple[str, int]]:
+        """The partitions this member reads now."""
+        return frozenset(self._assigned)
+
     def caught_up(self) -> bool:
         if self._unreachable is not None:
             return False  # cannot tell, and no progress is being made: not caught up
-        if not self._assigned:
+        if not self._assigned_once:
             # Nothing assigned yet: wait for the group join, then give up (no such topics).
-            return not self._assigned_once and time.monotonic() - self._started_at > 15.0
-        return self._assigned <= self._at_eof
+            return time.monotonic() - self._started_at > 15.0
+        if not self._assigned <= self._at_eof:
+            return False
+        held = self._held_elsewhere()
+        if not held:
+            return True
+        # Partitions of the subscription that another member holds: a dead one loses them when its session
+        # expires, and the rebalance that follows changes this member's assignment. Unchanged for the grace: the
+        # holders are alive and read them.
+        stable_for = time.monotonic() - self._assignment_changed_at
+        if held != self._reported_held:
+            self._reported_held = held
+            log.info(
+                "read to the end of the %d assigned partition(s); %d other(s) are held by another member of group "
+                "%r (%s): waiting up to %.0fs for them to be handed over",
+                len(self._assigned),
+                len(held),
+                self.settings.group_id,
+                _partition_list(held),
+                self._handover_grace_s,
+            )
+        if stable_for < self._handover_grace_s:
+            return False
+        if held != self._accepted_held:
+            self._accepted_held = held
+            log.info(
+                "caught up on this member's share: %s stayed with another member of group %r for %.0fs",
+                _partition_list(held),
+                self.settings.group_id,
+                stable_for,
+            )
+        return True
+
+    def _held_elsewhere(self) -> frozenset[tuple[str, int]]:
+        """Partitions of the subscription (per the cluster's metadata) that are not assigned to this member."""
+        assert self._consumer is not None
+        now = time.monotonic()
+        if self._subscribed_at is None or now - self._subscribed_at >= SUBSCRIPTION_REFRESH_S:
+            self._subscribed_at = now
+            try:
+                metadata = self._consumer.list_topics(timeout=5.0)
+            except KafkaException as exc:  # cannot tell: judge by what was read before (if anything)
+                log.debug("metadata request failed: %s", exc)
+            else:
+                self._subscribed = {
+                    (name, partition)
+                    for name, topic in metadata.topics.items()
+                    if topic.error is None and self._subscribes_to(name)
+                    for partition in topic.partitions
+                }
+        return frozenset(self._subscribed - self._assigned)
+
+    def _subscribes_to(self, topic: str) -> bool:
+        if self.settings.topic_pattern:
+            # librdkafka matches patterns against every topic but the internal ones (__consumer_offsets, ...).
+            return not topic.startswith("__") and re.search(self.settings.topic_pattern, topic) is not None
+        return topic in self.settings.topics
 
     def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
         if self._consumer is None or not offsets:
@@ -287,3 +363,8 @@ class KafkaSource:
             if high is not None and high >= 0:
                 lags[tp] = max(high - position, 0)
         return lags
+
+
+def _partition_list(partitions: frozenset[tuple[str, int]], shown: int = 6) -> str:
+    names = [f"{topic}[{partition}]" for topic, partition in sorted(partitions)]
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
