@@ -116,7 +116,7 @@ def silver_positions(catalog: Catalog, silver_namespace: str) -> dict[int, str]:
         except NoSuchTableError:
             continue
         value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
-        if value is not None and value.lstrip("-").isdigit():
+        if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
             positions[int(value)] = f"{silver_namespace}.{name}"
     return positions
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from ingest.bronze.tables import BronzeTables
 from ingest.config import Settings, load_settings
@@ -18,6 +19,11 @@ from ingest.sources.file import FileSource
 FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("TZ", "UTC")
 os.environ.setdefault("DBT_SEND_ANONYMOUS_USAGE_STATS", "false")
+# Property tests explore new examples on every local run; CI replays the same ones (derandomized), so a landing is
+# not decided by which examples a run happened to draw. A failure found locally becomes an explicit test.
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 def make_settings(root: Path, **sections: Any) -> Settings:

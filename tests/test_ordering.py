@@ -68,6 +68,11 @@ def test_sqlserver_adds_event_serial_no() -> None:
     ("source", "message"),
     [
         ({"connector": "informix", "commit_lsn": "12a"}, "source.commit_lsn='12a' is not a valid informix position"),
+        # str.isdigit() is true for both; int() refuses the first and reads the second as 12 (found by test_fuzz).
+        ({"connector": "informix", "commit_lsn": "\u00b2"}, "commit_lsn=.\u00b2. is not a valid informix position"),
+        ({"connector": "mongodb", "ts_ms": "\u0661\u0662"}, "is not a valid mongodb position"),
+        ({"connector": "postgresql", "lsn": "\u0661\u0662"}, "not a valid postgresql LSN"),
+        ({"connector": "mysql", "file": "mysql-bin.\u0661", "pos": 4}, "is not a binlog file name"),
         ({"connector": "db2", "commit_lsn": "zz:00:00"}, "not a valid db2 LSN"),
         ({"connector": "db2", "commit_lsn": "0001:0002"}, "not a valid db2 LSN"),
         ({"connector": "oracle", "scn": -4}, "negative"),

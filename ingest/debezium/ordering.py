@@ -22,14 +22,19 @@ MAX_POSITION = 2**63 - 1  # positions are stored as Iceberg longs
 _HEX_SEGMENTS = re.compile(r"^[0-9A-Fa-f]+(:[0-9A-Fa-f]+)*$")
 _LSN_SEGMENTS = 3  # Db2 / SQL Server LSNs: XXXXXXXX:XXXXXXXX:XXXX
 _PG_LSN = re.compile(r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$")
-_BINLOG_FILE = re.compile(r"(\d+)$")
+_BINLOG_FILE = re.compile(r"([0-9]+)$")  # ASCII digits: \d would take any script's
+
+
+def _ascii_digits(value: str) -> bool:
+    """Only 0-9: ``str.isdigit`` also takes '²' (which int() refuses) and other scripts' digits (which it takes)."""
+    return value.isascii() and value.isdigit()
 
 
 def _integer(source: Mapping[str, Any], field: str, connector: str) -> int:
     value = source.get(field)
     if value is None:
         return MISSING
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and _ascii_digits(value):
         value = int(value)
     if type(value) is int:
         if value < 0:
@@ -87,7 +92,7 @@ def _pg_lsn(value: Any, field: str) -> int:
     if type(value) is int:
         return value
     if isinstance(value, str):
-        if value.isdigit():
+        if _ascii_digits(value):
             return int(value)
         match = _PG_LSN.match(value)
         if match:
