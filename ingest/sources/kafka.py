@@ -107,6 +107,7 @@ class KafkaSource:
         self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
         self._accepted_held: frozenset[tuple[str, int]] = frozenset()
         self._handover_grace_s = 12.0
+        self._pattern: re.Pattern[str] | None = None  # the subscription's topic pattern, as subscribed
         self._cooperative = False
         # Set while no broker can be reached: (unix time it started, librdkafka's last error text).
         self._unreachable: tuple[float, str] | None = None
@@ -131,6 +132,7 @@ class KafkaSource:
         if self.settings.topic_pattern:
             pattern = self.settings.topic_pattern
             subscription = [pattern if pattern.startswith("^") else "^" + pattern]
+            self._pattern = re.compile(subscription[0])
         else:
             subscription = list(self.settings.topics)
         self._consumer.subscribe(subscription, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke)
@@ -335,9 +337,9 @@ class KafkaSource:
         return frozenset(self._subscribed - self._assigned)
 
     def _subscribes_to(self, topic: str) -> bool:
-        if self.settings.topic_pattern:
+        if self._pattern is not None:
             # librdkafka matches patterns against every topic but the internal ones (__consumer_offsets, ...).
-            return not topic.startswith("__") and re.search(self.settings.topic_pattern, topic) is not None
+            return not topic.startswith("__") and self._pattern.search(topic) is not None
         return topic in self.settings.topics
 
     def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
