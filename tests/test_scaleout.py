@@ -54,6 +54,7 @@ from tests.processes import Cdclake, cdclake_command, ingester, isolated_runtime
 
 # Columns whose value is the time of the apply, different on every build.
 VOLATILE_COLUMNS = {"_cdc_applied_at", "_cdc_deleted_at"}
+HISTORY_SUFFIX = "_history"  # the SCD2 model of the typed table in the PostgreSQL-catalog lakehouse
 SUBPROCESS_TIMEOUT_S = 600.0
 
 
@@ -217,6 +218,13 @@ def pg_lakehouse(
     timings: dict[str, float] = {}
     _, timings["ingest"] = lakehouse.cdclake(config, "ingest", "--once", "--no-progress")
     lakehouse.cdclake(config, "scaffold")
+    # Beside the scaffolded current-state models: the typed table's version history (its own SQL path, scd2.sql).
+    typed = bronze_table_name(prefix + streams[0].data_topic)
+    history_sql = (Path(lakehouse.raw["dbt"]["project_dir"]) / "models" / "silver" / f"{typed}.sql").read_text()
+    assert "history=" not in history_sql
+    (Path(lakehouse.raw["dbt"]["project_dir"]) / "models" / "silver" / f"{typed}{HISTORY_SUFFIX}.sql").write_text(
+        history_sql.replace("materialized='cdc_silver',", "materialized='cdc_silver', history='scd2',")
+    )
     _, timings["dbt build (local)"] = lakehouse.cdclake(config, "dbt", "build")
     return BuiltLakehouse(lakehouse, streams, prefix, published, catalog_uri, timings)
 
@@ -267,13 +275,14 @@ def test_postgres_catalog_end_to_end(pg_lakehouse: BuiltLakehouse) -> None:
 def test_silver_on_the_cluster_equals_local_silver(pg_lakehouse: BuiltLakehouse, cluster: SparkCluster) -> None:
     """The same `dbt build` via (a) local Spark, (b) a Thrift Server on the cluster, (c) a session on the cluster.
 
-    To keep the module within a few minutes on 2 cores, the cluster builds select the typed (Db2) model with its
-    data tests; the document-layout (MongoDB) model is built and checked locally by the end-to-end test.
+    To keep the module within a few minutes on 2 cores, the cluster builds select the typed (Db2) models with
+    their data tests: current state and version history (SCD2); the document-layout (MongoDB) model is built and
+    checked locally by the end-to-end test.
     """
     built = pg_lakehouse
     lakehouse = built.lakehouse
     typed = built.streams[0]
-    select = ("--select", built.table(typed))
+    select = ("--select", built.table(typed), built.table(typed) + HISTORY_SUFFIX)
     timings = dict(built.timings)
     cluster_spark = {
         "master": cluster.master_url,
@@ -316,11 +325,15 @@ def test_silver_on_the_cluster_equals_local_silver(pg_lakehouse: BuiltLakehouse,
     table = built.table(typed)
     local = silver_rows(settings, "silver", table)
     assert len(local) == len(typed.expected)
+    history = silver_rows(settings, "silver", table + HISTORY_SUFFIX)
+    assert len(history) > len(local), "the version history holds no more rows than the current state"
     for namespace in ("silver_thrift", "silver_cluster"):
         rows = silver_rows(settings, namespace, table)
         assert comparable(rows) == comparable(local), f"{namespace}.{table} differs from silver.{table}"
         problems = mismatches(rows, typed)
         assert not problems, f"{namespace}.{table}: {problems[:10]}"
+        versions = silver_rows(settings, namespace, table + HISTORY_SUFFIX)
+        assert comparable(versions) == comparable(history), f"{namespace}.{table}{HISTORY_SUFFIX} differs from silver's"
     rounded = {name: round(seconds, 1) for name, seconds in timings.items()}
     print(f"silver on the cluster: {rounded}")
 
