@@ -64,6 +64,24 @@ def write_config(root: Path, raw: Mapping[str, Any], name: str = "cdclake.yml") 
     return path, load_settings(path, environ={})
 
 
+def history_rows(settings: Settings, table: str) -> list[dict[str, Any]] | None:
+    """A history='scd2' silver table's versions, without apply timestamps, sorted (None if it does not exist);
+    each key has at most one current version and no version twice."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        loaded = load_catalog(settings).load_table(f"{settings.lakehouse.silver_namespace}.{table}")
+    except NoSuchTableError:
+        return None
+    columns = ("id", "v", "_cdc_valid_from", "_cdc_valid_to", "_cdc_is_current", "_cdc_op", "_cdc_offset")
+    rows = sorted(loaded.scan(selected_fields=columns).to_arrow().to_pylist(), key=repr)
+    current = [row["id"] for row in rows if row["_cdc_is_current"]]
+    assert len(current) == len(set(current)), f"keys with two current versions in silver.{table}: {sorted(current)}"
+    versions = [repr((row["id"], row["_cdc_valid_from"], row["_cdc_offset"])) for row in rows]  # positions are lists
+    assert len(versions) == len(set(versions)), f"a version twice in silver.{table}"
+    return rows
+
+
 def silver_state(settings: Settings, table: str) -> dict[int, str | None] | None:
     """``{id: v}`` of a silver table as pyiceberg reads it (None if the table does not exist); keys must be unique."""
     from pyiceberg.exceptions import NoSuchTableError
@@ -92,8 +110,10 @@ class SilverLake:
     next_lsn: int = 100
     waves: int = 0
 
+    history: bool = False  # the model keeps every version (history='scd2') instead of the current state
+
     @classmethod
-    def create(cls, root: Path, seed: int) -> SilverLake:
+    def create(cls, root: Path, seed: int, history: bool = False) -> SilverLake:
         raw = {
             "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": f"sqlite:///{root / 'catalog.db'}"},
             "spark": {"master": "local[2]", "driver_memory": "1g"},
@@ -102,11 +122,11 @@ class SilverLake:
         load_catalog(settings).list_namespaces()  # pyiceberg creates the catalog tables (Spark must not)
         harness = SilverHarness.create(settings, root)
         topic = Topic(f"ifx.kill{seed}.t")
-        harness.write_model(topic)
+        harness.write_model(topic, "history='scd2'" if history else "")
         config, settings = write_config(root, {**raw, "dbt": {"project_dir": str(harness.project)}})
         dumps = root / "dumps"
         dumps.mkdir()
-        return cls(root, config, settings, topic, dumps, random.Random(seed))
+        return cls(root, config, settings, topic, dumps, random.Random(seed), history=history)
 
     def land_wave(self, n_changes: int = 24, n_keys: int = 10) -> dict[int, str | None]:
         """Random creates, updates and deletes (some late, i.e. older than what silver holds); returns the
@@ -130,7 +150,11 @@ class SilverLake:
         return Cdclake(self.config, "dbt", "build", "--select", self.topic.table, root=self.root, log_format="text")
 
     def silver(self) -> dict[int, str | None] | None:
-        return silver_state(self.settings, self.topic.table)
+        """``{id: v}`` now (for a history, of its current versions)."""
+        if not self.history:
+            return silver_state(self.settings, self.topic.table)
+        rows = history_rows(self.settings, self.topic.table)
+        return None if rows is None else {row["id"]: row["v"] for row in rows if row["_cdc_is_current"]}
 
 
 MODEL_START = "START sql cdc_silver model"
@@ -235,13 +259,14 @@ def test_dbt_killed_mid_apply_leaves_old_or_new_state_long(tmp_path: Path) -> No
     dbt_kill_loop(tmp_path / "lake", trials=10, seed=17)
 
 
-def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
+def overlapping_builds_loop(root: Path, waves: int, seed: int, history: bool = False) -> None:
     """Two `cdclake dbt build`s of the same model at once, for each of ``waves`` new bronze waves (a scheduler
     starting a run before the last one ended): while they run, silver holds the state before or after the wave,
     never a mix or a duplicate key; at least one of them succeeds (the other fails on Iceberg's optimistic commit
     check); the build after them converges to the reference state. Their duplicated tombstones are harmless
-    (test_silver.py)."""
-    lake = SilverLake.create(root, seed)
+    (test_silver.py). With ``history``, the state is the current versions, and the versions the overlapping runs
+    left must equal what a --full-refresh rebuilds from bronze."""
+    lake = SilverLake.create(root, seed, history)
     old = lake.land_wave()
     run_cdclake(lake.config, "dbt", "build", "--select", lake.topic.table, root=lake.root)
     assert lake.silver() == old
@@ -258,6 +283,10 @@ def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
         assert lake.silver() == new, f"wave {wave}: the build after the overlapping ones did not converge"
         print(f"wave {wave}: overlapping builds exited {codes}")
         old = new
+    if history:
+        versions = history_rows(lake.settings, lake.topic.table)
+        run_cdclake(lake.config, "dbt", "build", "--select", lake.topic.table, "--full-refresh", root=lake.root)
+        assert history_rows(lake.settings, lake.topic.table) == versions, "the overlapping runs' history differs"
 
 
 @pytest.mark.spark
@@ -265,6 +294,12 @@ def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
 @pytest.mark.parametrize("waves", [1, pytest.param(3, marks=pytest.mark.slow)], ids=["default", "long"])
 def test_overlapping_runs_of_one_model_never_mix(tmp_path: Path, waves: int) -> None:
     overlapping_builds_loop(tmp_path / "lake", waves=waves, seed=23)
+
+
+@pytest.mark.spark
+@pytest.mark.dbt
+def test_overlapping_runs_of_a_history_model_never_mix(tmp_path: Path) -> None:
+    overlapping_builds_loop(tmp_path / "lake", waves=1, seed=29, history=True)
 
 
 # -- 2. the broker stopped and restarted mid-stream (durable storage) --------------------------------------------------
