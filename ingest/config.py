@@ -125,6 +125,11 @@ class IngestSettings(_Section):
         description="Commit a full buffer in a background thread while the next one fills (one commit in flight at "
         "most, so up to twice max_records / max_bytes are held).",
     )
+    background_decode: bool = Field(
+        default=True,
+        description="Decode a poll (JSON parse and typing, fast path) in a background thread while the next poll "
+        "is read; it is buffered before the next poll, a flush or a rebalance, so the result is the same as without.",
+    )
     table_mapping: dict[str, str] = Field(
         default_factory=dict, description="Topic -> bronze table name overrides (name without namespace)."
     )

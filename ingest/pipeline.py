@@ -71,6 +71,17 @@ def _batch_kind(kind: RecordKind) -> str:
     return "change" if kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else kind.value
 
 
+@dataclass
+class StagedPoll:
+    """A poll between grouping and booking (Pipeline.stage_batch)."""
+
+    records: list[RawRecord]
+    ingested_at: dt.datetime
+    groups: list[Group | None]  # of each record (None: the per-record path)
+    built: list[Group]  # the distinct groups, in order of first appearance
+    decoded: Future[None] | None = None  # their decoding on the decode thread
+
+
 def _partitions_of(table: pa.Table) -> set[tuple[str, int]]:
     """The (topic, partition) pairs of a bronze Arrow table."""
     pairs = table.select(_COORDINATES).group_by(_COORDINATES).aggregate([])
@@ -113,6 +124,9 @@ class Pipeline:
         self._committer: ThreadPoolExecutor | None = None
         self._in_flight: Future[dict[tuple[str, int], int]] | None = None
         self._commit_error: BaseException | None = None
+        # Background decoding (settings.background_decode): one poll decodes while the next one is read.
+        self._decoder: ThreadPoolExecutor | None = None
+        self._staged: StagedPoll | None = None
         # Guards the read-modify-write of _committed, which the commit thread also updates.
         self._committed_lock = threading.Lock()
         self._table_names: dict[str, str] = {}
@@ -177,28 +191,62 @@ class Pipeline:
         self.accept_batch([record], ingested_at)
 
     def accept_batch(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
-        """Decode and buffer one poll's records, in order. Metrics are counted once per batch."""
-        counts: dict[str, int] = {}
-        for record in records:
-            counts[record.topic] = counts.get(record.topic, 0) + 1
+        """Decode and buffer one poll's records, in order (after a staged poll). Metrics are counted once per batch."""
+        self.complete_staged()
         try:
             if self.fast_path and len(records) >= FAST_PATH_MIN_RECORDS:
-                self._accept_columnar(records, ingested_at)
+                staged = self._stage(records, ingested_at)
+                self._decode_staged(staged)
+                self._book(staged)
             else:
                 for record in records:
                     self._accept_one(record, ingested_at)
         finally:
-            self.stats.records_in += sum(counts.values())
-            for topic, count in counts.items():
-                self.metrics.records_in.labels(topic).inc(count)
-            self._publish_skips()
+            self._count_in(records)
 
-    def _accept_columnar(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
-        """The fast path (ingest.bronze.columnar): typed records of a poll are decoded and typed as Arrow
-        columns per (table, schemas); records it does not keep go through :meth:`_accept_one`. The bookkeeping
-        (schemas per topic, schema checks, dead letters, offsets) then runs record by record in poll order,
-        exactly as for the per-record path (:meth:`_accept_in_order`); or, for the topics whose every record
-        the fast path kept, once per group with the same outcome (:meth:`_accept_groups`)."""
+    def stage_batch(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
+        """:meth:`accept_batch`, overlapped with reading (``background_decode``): this poll is grouped now and
+        decoded on the decode thread while the next one is read; the poll staged before it is buffered first.
+        Until :meth:`complete_staged` (the next stage_batch, accept_batch or flush) its records are not buffered."""
+        if not (self.fast_path and self.settings.background_decode and len(records) >= FAST_PATH_MIN_RECORDS):
+            self.accept_batch(records, ingested_at)
+            return
+        # Grouping reads the bookkeeping's state only where it cannot change in between (table names, committed
+        # offsets, the splitter's schema prefixes), so it may run before the poll staged earlier is booked.
+        staged = self._stage(records, ingested_at)
+        self.complete_staged()
+        if self._decoder is None:
+            self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-decode")
+        staged.decoded = self._decoder.submit(self._decode_staged, staged)
+        self._staged = staged
+
+    def complete_staged(self) -> None:
+        """Buffer the staged poll, if there is one: wait for its decoding, then book it as accept_batch does."""
+        staged, self._staged = self._staged, None
+        if staged is None:
+            return
+        try:
+            if staged.decoded is not None:
+                staged.decoded.result()
+            self._book(staged)
+        finally:
+            self._count_in(staged.records)
+
+    @property
+    def staged_records(self) -> int:
+        return 0 if self._staged is None else len(self._staged.records)
+
+    def _count_in(self, records: list[RawRecord]) -> None:
+        counts: dict[str, int] = {}
+        for record in records:
+            counts[record.topic] = counts.get(record.topic, 0) + 1
+        self.stats.records_in += len(records)
+        for topic, count in counts.items():
+            self.metrics.records_in.labels(topic).inc(count)
+        self._publish_skips()
+
+    def _stage(self, records: list[RawRecord], ingested_at: dt.datetime) -> StagedPoll:
+        """The fast path (ingest.bronze.columnar), phase 1: each record's table (None: a replay) and group."""
         names: list[str | None] = []
         append = names.append
         known: dict[str, tuple[str, Offsets]] = {}  # topic -> table, its committed offsets (loaded as _offsets does)
@@ -217,8 +265,22 @@ class Pipeline:
         for group in groups:
             if group is not None and id(group) not in built:
                 built[id(group)] = group
-                self._batch_decoder.build(group, records, ingested_at)
-        whole, slow = self._split_topics(records, groups, list(built.values()))
+        return StagedPoll(records, ingested_at, groups, list(built.values()))
+
+    def _decode_staged(self, staged: StagedPoll) -> None:
+        """Phase 2, each group's Arrow table (on the decode thread for stage_batch: pyarrow's JSON parse and
+        compute functions release the GIL)."""
+        for group in staged.built:
+            self._batch_decoder.build(group, staged.records, staged.ingested_at)
+
+    def _book(self, staged: StagedPoll) -> None:
+        """Phase 3: the typed records of a poll, decoded and typed as Arrow columns per (table, schemas), are
+        buffered; records the fast path does not keep go through :meth:`_accept_one`. The bookkeeping (schemas per
+        topic, schema checks, dead letters, offsets) runs record by record in poll order, exactly as for the
+        per-record path (:meth:`_accept_in_order`); or, for the topics whose every record the fast path kept,
+        once per group with the same outcome (:meth:`_accept_groups`)."""
+        records, groups, built, ingested_at = staged.records, staged.groups, staged.built, staged.ingested_at
+        whole, slow = self._split_topics(records, groups, built)
         if whole:
             fast: Iterable[int] = range(len(records))
             fast_records, fast_groups = records, groups
@@ -230,7 +292,7 @@ class Pipeline:
                 return
             self._accept_in_order(records, groups, list(whole.values()), fast, ingested_at)
             return
-        self._accept_in_order(records, groups, list(built.values()), range(len(records)), ingested_at)
+        self._accept_in_order(records, groups, built, range(len(records)), ingested_at)
 
     def _split_topics(
         self, records: list[RawRecord], groups: list[Group | None], built: list[Group]
@@ -493,7 +555,8 @@ class Pipeline:
         )
 
     def flush(self) -> None:
-        """Commit what is buffered and wait for it (after the commit in flight, if there is one)."""
+        """Commit what is buffered, a staged poll included, and wait for it (after the commit in flight, if any)."""
+        self.complete_staged()
         self._flush(wait=True)
 
     def _flush(self, wait: bool) -> None:
@@ -532,8 +595,9 @@ class Pipeline:
             raise
         self.source.commit_advisory(advisory)
 
-    def _stop_committer(self) -> None:
-        """On the way out: let a commit in flight land (its error is logged, not raised over the one leaving)."""
+    def _stop_threads(self) -> None:
+        """On the way out: let a commit in flight land (its error is logged, not raised over the one leaving), and
+        stop the decode thread."""
         future, self._in_flight = self._in_flight, None
         if future is not None:
             try:
@@ -543,6 +607,10 @@ class Pipeline:
         if self._committer is not None:
             self._committer.shutdown()
             self._committer = None
+        self._staged = None  # left only when run() raised: never buffered, so a restart reads it again
+        if self._decoder is not None:
+            self._decoder.shutdown()
+            self._decoder = None
 
     def _commit_buffer(self, buffer: dict[str, TableBatch]) -> dict[tuple[str, int], int]:
         """Commit one flush's tables; returns the offsets to tell the source (advisory)."""
@@ -611,14 +679,7 @@ class Pipeline:
         gc.freeze()
         try:
             while not self.stop_requested.is_set():
-                timeout = 0.2 if once else 1.0
-                if self._first_buffered_at is not None:
-                    left = self.settings.latency_threshold_s - (time.monotonic() - self._first_buffered_at)
-                    timeout = max(min(timeout, left), 0.0)
-                capacity = max(min(POLL_BATCH, self.settings.max_records - self._buffered_records), 1)
-                records = self.source.poll(capacity, timeout)
-                if records:
-                    self.accept_batch(records, dt.datetime.now(dt.UTC))
+                records = self._read(once)
                 if self.flush_due():
                     self._flush(wait=False)
                 self._finish_commit(block=False)
@@ -631,9 +692,29 @@ class Pipeline:
                 self._update_lag()
             self.flush()
         finally:
-            self._stop_committer()
+            self._stop_threads()
             self.source.close()
         return self.stats
+
+    def _read(self, once: bool) -> list[RawRecord]:
+        """One poll, staged (see stage_batch); none when the buffer is full with the staged poll, which is then
+        booked so that it flushes."""
+        capacity = self.settings.max_records - self._buffered_records - self.staged_records
+        if self._staged is not None and capacity <= 0:
+            self.complete_staged()
+            return []
+        timeout = 0.2 if once else 1.0
+        if self._first_buffered_at is not None:
+            left = self.settings.latency_threshold_s - (time.monotonic() - self._first_buffered_at)
+            timeout = max(min(timeout, left), 0.0)
+        if self._staged is not None:
+            timeout = 0.0  # what the client holds already; if nothing, the staged poll is booked now, not later
+        records = self.source.poll(max(min(POLL_BATCH, capacity), 1), timeout)
+        if records:
+            self.stage_batch(records, dt.datetime.now(dt.UTC))
+        else:
+            self.complete_staged()
+        return records
 
     def _update_lag(self) -> None:
         for (topic, partition), lag in self.source.lag().items():

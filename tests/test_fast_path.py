@@ -64,7 +64,9 @@ def buffered(pipeline: Pipeline) -> dict[str, tuple[pa.Table, Offsets]]:
     return out
 
 
-def run(records: list[RawRecord], fast: bool, poll: int, **overrides: Any) -> Pipeline:
+def run(records: list[RawRecord], fast: bool, poll: int, staged: bool = False, **overrides: Any) -> Pipeline:
+    """``staged``: each poll through stage_batch (decoded on the decode thread while the next one is grouped), as
+    Pipeline.run does, else accept_batch."""
     pipeline = Pipeline(
         IngestSettings().model_copy(update=overrides),
         cast(BronzeTables, NoTables()),
@@ -72,13 +74,24 @@ def run(records: list[RawRecord], fast: bool, poll: int, **overrides: Any) -> Pi
         fast_path=fast,
     )
     pipeline._batch_decoder.strict = True
+    accept = pipeline.stage_batch if staged else pipeline.accept_batch
     for start in range(0, len(records), poll):
-        pipeline.accept_batch(records[start : start + poll], INGESTED_AT)
+        accept(records[start : start + poll], INGESTED_AT)
+    pipeline.complete_staged()
+    pipeline._stop_threads()
     return pipeline
 
 
 def assert_same(records: list[RawRecord], poll: int = 5000, **overrides: Any) -> dict[str, tuple[pa.Table, Offsets]]:
-    fast, slow = run(records, True, poll, **overrides), run(records, False, poll, **overrides)
+    """The fast path, with polls accepted one by one and staged, equals the per-record path."""
+    slow = run(records, False, poll, **overrides)
+    slow_tables = assert_fast_equals(slow, run(records, True, poll, **overrides))
+    if slow_tables:
+        assert_fast_equals(slow, run(records, True, poll, staged=True, **overrides))
+    return slow_tables
+
+
+def assert_fast_equals(slow: Pipeline, fast: Pipeline) -> dict[str, tuple[pa.Table, Offsets]]:
     try:
         slow_tables = buffered(slow)
     except Exception as error:  # e.g. a position beyond int64: the reference's commit fails; so must the fast one
