@@ -8,6 +8,8 @@ table properties must be equal. A flush across midnight takes pyiceberg's path a
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from ingest.debezium.envelope import RawRecord
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from tests.conftest import make_settings
+from tests.kafka_fixtures import Coordinate, bronze_coordinates, bronze_rows
 from tests.test_fast_path import PG_DUMP, fake_records, file_records
 
 MIDNIGHT = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
@@ -149,22 +152,9 @@ def test_after_a_failed_background_commit_nothing_else_commits(tmp_path: Path) -
 
 
 # -- background decoding --------------------------------------------------------------------------------------------
-def landed_offsets(settings: Any) -> dict[tuple[str, int], list[int]]:
-    """Each partition's offsets in bronze (data tables and dead letters), sorted."""
-    catalog = load_catalog(settings)
-    landed: dict[tuple[str, int], list[int]] = {}
-    for name in catalog.list_tables("bronze"):
-        columns = ["_cdc_topic", "_cdc_partition", "_cdc_offset"]
-        for row in catalog.load_table(name).scan().to_arrow().select(columns).to_pylist():
-            landed.setdefault((row["_cdc_topic"], row["_cdc_partition"]), []).append(row["_cdc_offset"])
-    return {tp: sorted(offsets) for tp, offsets in landed.items()}
-
-
-def offsets_of(records: Any) -> dict[tuple[str, int], list[int]]:
-    out: dict[tuple[str, int], list[int]] = {}
-    for record in records:
-        out.setdefault((record.topic, record.partition), []).append(record.offset)
-    return {tp: sorted(offsets) for tp, offsets in out.items()}
+def coordinates_of(records: Iterable[Any]) -> Counter[Coordinate]:
+    """How often each (topic, partition, offset) is among ``records`` (RawRecords or the fakes' records)."""
+    return Counter((record.topic, record.partition, record.offset) for record in records)
 
 
 @pytest.mark.parametrize("background_decode", [True, False])
@@ -206,21 +196,22 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
     assert (max(staged) > 0) is background_decode  # polls were staged only with background decoding
     assert len(sizes) >= len(stream.records) // 96
     assert max(sizes) <= 96
-    assert landed_offsets(settings) == offsets_of(stream.records)
+    assert bronze_coordinates(settings) == coordinates_of(stream.records)
     reference = make_settings(tmp_path / "reference")
     tables = BronzeTables(load_catalog(reference), "bronze")
     Pipeline(reference.ingest, tables, FileSource(dump), fast_path=False).run(once=True)
-    assert bronze_rows(settings) == bronze_rows(reference)
+    assert comparable(bronze_rows(settings)) == comparable(bronze_rows(reference))
 
 
-def bronze_rows(settings: Any) -> dict[str, list[dict[str, Any]]]:
-    """Each bronze table's rows but the ingest time, in Kafka order."""
-    catalog = load_catalog(settings)
-    out = {}
-    for name in catalog.list_tables("bronze"):
-        rows = catalog.load_table(name).scan().to_arrow().drop_columns(["_cdc_ingested_at"]).to_pylist()
-        out[name[-1]] = sorted(rows, key=lambda row: (row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"]))
-    return out
+def comparable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Bronze rows (kafka_fixtures.bronze_rows) but the ingest time, in Kafka order."""
+    return {
+        name: sorted(
+            ({column: value for column, value in row.items() if column != "_cdc_ingested_at"} for row in table),
+            key=lambda row: (row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"]),
+        )
+        for name, table in rows.items()
+    }
 
 
 def test_flush_books_the_staged_poll(tmp_path: Path) -> None:
@@ -237,5 +228,5 @@ def test_flush_books_the_staged_poll(tmp_path: Path) -> None:
     pipeline.revoke([(records[0].topic, records[0].partition)])
     assert pipeline.staged_records == 0
     assert pipeline.stats.records_in == len(records)
-    assert landed_offsets(settings) == offsets_of(records)
+    assert bronze_coordinates(settings) == coordinates_of(records)
     pipeline._stop_threads()
