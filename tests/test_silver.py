@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.lakehouse import load_catalog
+from ingest.lakehouse import load_catalog, warehouse_uri
 from tests.silver_harness import Change, SilverHarness, Topic, dbt_examples, with_replay
 from tests.spark_fixtures import SparkLakehouse
 
@@ -199,27 +199,44 @@ def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps:
     assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
 
 
-def test_each_run_decides_into_a_batch_table_of_its_own(harness: SilverHarness, dumps: Path) -> None:
+@pytest.mark.parametrize("batch_catalog", [None, "lake"])
+def test_each_run_decides_into_a_batch_table_of_its_own(
+    harness: SilverHarness, dumps: Path, batch_catalog: str | None
+) -> None:
     """A run of the model overlapping another cannot replace the batch the other applies: each run writes
-    `<model>__cdc_batch_<invocation>` and drops, files and all, the ones earlier runs left (also the one table
-    older versions replaced every run)."""
+    `<model>__cdc_batch_<invocation>` and drops, files and all, the ones earlier runs left (also those older
+    versions kept in silver's namespace). By default they live in the `cdclake_scratch` Hadoop catalog under the
+    warehouse, whose drop deletes a directory; `batch_catalog` names another catalog (here the lake's own)."""
     topic = harness.topic("batches")
-    harness.apply(topic, [Change(C, 1, 1, "a")], dumps)
+    config = "" if batch_catalog is None else f"batch_catalog='{batch_catalog}'"
+    harness.apply(topic, [Change(C, 1, 1, "a")], dumps, config)
     older = f"{topic.table}__cdc_batch"
-    harness.spark.sql(f"create table silver.{older} using iceberg as select 1 as id")
-    older_files = Path(load_catalog(harness.settings).load_table(f"silver.{older}").location().removeprefix("file:"))
-    assert any(older_files.rglob("*.parquet"))
+    catalog = load_catalog(harness.settings)
+    legacy = [older, f"{older}_0123456789abcdef"]  # what older versions left in silver's namespace
+    legacy_files = []
+    for name in legacy:
+        harness.spark.sql(f"create table silver.{name} using iceberg as select 1 as id")
+        legacy_files.append(Path(catalog.load_table(f"silver.{name}").location().removeprefix("file:")))
+    assert all(any(files.rglob("*.parquet")) for files in legacy_files)
+    scratch = Path(warehouse_uri(harness.settings).removeprefix("file:")) / "_cdclake_scratch" / "silver"
+    where = "silver" if batch_catalog is not None else "cdclake_scratch.silver"
 
     def batch_tables() -> list[str]:
+        if batch_catalog is None:  # the Hadoop catalog's tables are the directories of its namespace
+            return sorted(path.name for path in scratch.iterdir() if path.name.startswith(older))
         names = [row["tableName"] for row in harness.spark.sql("show tables in silver").collect()]
-        return [name for name in names if name.startswith(older)]
+        return sorted(name for name in names if name.startswith(older))
 
-    harness.apply(topic, [Change(U, 1, 2, "b")], dumps)
+    harness.apply(topic, [Change(U, 1, 2, "b")], dumps, config)
     first = batch_tables()
     assert len(first) == 1, first
     assert first[0].startswith(f"{older}_"), first
-    assert not any(older_files.rglob("*.parquet")), "the dropped batch table's files were left behind"
-    harness.apply(topic, [Change(U, 1, 3, "c")], dumps)
+    assert first[0] not in legacy, first
+    assert harness.spark.sql(f"select id, v from {where}.{first[0]}").collect() == [(1, "b")]
+    assert not any(any(files.rglob("*.parquet")) for files in legacy_files), "a dropped table's files were left"
+    shown = {row["tableName"] for row in harness.spark.sql("show tables in silver").collect()}
+    assert not shown & set(legacy), shown
+    harness.apply(topic, [Change(U, 1, 3, "c")], dumps, config)
     second = batch_tables()
     assert len(second) == 1, second
     assert second != first

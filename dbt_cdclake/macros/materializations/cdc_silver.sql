@@ -9,7 +9,7 @@
   change cannot bring them back: in `<model>__cdc_tombstones` (delete_mode='hard', default) or as the row itself
   with _cdc_deleted = true (delete_mode='soft').
 
-  Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept),
+  Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept), batch_catalog,
   ignore_null_updates (partial images: a null in an update keeps the key's previous value), tombstone_horizon_days,
   history ('current', default | 'scd2': one row per version of each key, see scd2.sql).
 
@@ -18,9 +18,8 @@
 
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
-  2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run (the next run drops
-     it): per touched key the row
-     silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
+  2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
+     (batch_schema; the next run drops it): per touched key the row silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
      for the touched keys (broadcast semi-joins), and their positions only for changes at or below
      `cdclake.applied_position` (the greatest position ever applied): a change above it is newer than anything
      silver and the tombstones hold. Changes not newer than the latest truncate (this unit's or the one stored in
@@ -120,20 +119,23 @@
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
-      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs; the
-          batch tables of earlier runs neither. -#}
+      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs. -#}
       {% do cdclake.drop_apply_branches(target) %}
-      {% do cdclake.drop_batch_tables(target) %}
       {%- set applied_position = properties.get('cdclake.applied_position') -%}
       {%- if applied_position is none -%}
         {#- A table from before cdclake.applied_position: its bound, once, from what silver and tombstones hold. -#}
         {%- set applied_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
       {%- endif -%}
       {#- The run's own batch table: a run of the model overlapping this one must not replace it between this run's
-          DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete). -#}
+          DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete).
+          Those of earlier runs hold nothing this one needs. -#}
       {%- set run_id = invocation_id | replace('-', '') -%}
-      {%- set batch = api.Relation.create(identifier=identifier ~ '__cdc_batch_' ~ run_id, schema=schema, database=database, type='table') -%}
+      {%- set batch_schema = cdclake.batch_schema(target) -%}
+      {%- set batch = batch_schema ~ '.' ~ identifier ~ '__cdc_batch_' ~ run_id -%}
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
+      {#- Where the previous run left its batch (before this property: silver's namespace). -#}
+      {%- set previous_batch_schema = properties.get('cdclake.batch_schema', schema) -%}
+      {% do cdclake.drop_batch_tables(target, [batch_schema, previous_batch_schema] | unique | list, identifier ~ '__cdc_batch_' ~ run_id) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {%- set new_truncate = truncate is not none and truncate.new -%}
@@ -169,6 +171,7 @@
     {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'"] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
+    {%- if batch_schema is defined and batch_schema != previous_batch_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ batch_schema ~ "'") %}{% endif -%}
     {#- A table made before silver_table_properties had it (a property the user set stays). -#}
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
@@ -270,14 +273,56 @@
 
 
 {#-
-  Drops the batch tables of earlier runs (`<model>__cdc_batch*`; each run keeps its own until the next, for a look
-  at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files. A run overlapping this one loses its
-  table and fails before main moves; the next run applies what it did not.
+  Where a run's batch table lives (`<catalog>.<schema>`): the model's `batch_catalog` if it names one, else
+  `cdclake_scratch`, an Iceberg Hadoop catalog under the lakehouse's warehouse (`<warehouse>/_cdclake_scratch`),
+  set up in the session unless Spark already defines it. Dropping a table there deletes its directory (~30 ms); a
+  purge in a JDBC or REST catalog runs a Spark job over the table's manifests (0.5-0.8 s, every run). A batch
+  table is written and read by one run only, so the Hadoop catalog's lack of safe concurrent commits on object
+  stores does not matter. Without a warehouse path, or when the lakehouse's catalog reads its files through its
+  own `io-impl` (which a Hadoop catalog cannot use), batch tables stay in silver's namespace.
 -#}
-{% macro drop_batch_tables(target) -%}
+{% macro batch_schema(target) -%}
+  {{ return(adapter.dispatch('batch_schema', 'cdclake')(target)) }}
+{%- endmacro %}
+
+{% macro default__batch_schema(target) -%}
+  {%- set catalog = config.get('batch_catalog') -%}
+  {%- if catalog -%}{{ return(catalog ~ '.' ~ target.schema) }}{%- endif -%}
+  {%- set catalog = 'cdclake_scratch' -%}
+  {%- if cdclake.spark_setting('spark.sql.catalog.' ~ catalog) is none -%}
+    {%- set lake = 'spark.sql.catalog.' ~ run_query('select current_catalog()').rows[0][0] -%}
+    {%- set warehouse = cdclake.spark_setting(lake ~ '.warehouse') -%}
+    {%- if warehouse is none or cdclake.spark_setting(lake ~ '.io-impl') is not none -%}
+      {{ return(target.schema) }}
+    {%- endif -%}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '`=`org.apache.iceberg.spark.SparkCatalog`') %}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.type`=`hadoop`') %}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.warehouse`=`' ~ warehouse.rstrip('/') ~ '/_cdclake_scratch`') %}
+  {%- endif -%}
+  {{ return(catalog ~ '.' ~ target.schema) }}
+{%- endmacro %}
+
+
+{#- A Spark setting of the session, or none when unset (backquoted: a key such as `...io-impl` has a dash). -#}
+{% macro spark_setting(name) -%}
+  {%- set value = run_query('set `' ~ name ~ '`').rows[0][1] -%}
+  {{ return(none if value == '<undefined>' else value) }}
+{%- endmacro %}
+
+
+{#-
+  Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `schemas`
+  (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
+  own until the next, for a look at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files in a JDBC
+  or REST catalog. A run overlapping this one loses its table and fails before main moves; the next run applies
+  what it did not.
+-#}
+{% macro drop_batch_tables(target, schemas, keep) -%}
   {%- set prefix = target.identifier ~ '__cdc_batch' -%}
-  {%- for row in run_query('show tables in ' ~ target.schema).rows if not row[2] and row[1].startswith(prefix) -%}
-    {% do run_query('drop table if exists ' ~ target.schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+  {%- for schema in schemas -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1].startswith(prefix) and row[1] != keep -%}
+      {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+    {%- endfor -%}
   {%- endfor -%}
 {%- endmacro %}
 
