@@ -48,7 +48,7 @@ from typing import Any
 import pyarrow as pa
 
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, PARTITION_SOURCE_COLUMN, UTC_US
-from ingest.bronze.tables import KIND_PROPERTY, LAYOUT_PROPERTY, TABLE_PROPERTIES
+from ingest.bronze.tables import KIND_PROPERTY, LAYOUT_PROPERTY, TABLE_PROPERTIES, TRUNCATES_PROPERTY
 from ingest.config import Settings, load_settings
 from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, load_catalog, runtime_dir, spark_jars
@@ -177,8 +177,10 @@ def _write(spark: Any, bronze: Bronze, count: int, key_sql: str, op_sql: str, in
         .selectExpr("off", f"cast({key_sql} as int) as k", f"{op_sql} as op", f"{ingested_sql} as ing")
         .selectExpr(*ROW_SQL)
     )
-    # Offsets (and so ingest days) increase within each task: no shuffle needed before writing.
-    frame.writeTo(bronze.identifier).option("distribution-mode", "none").option("fanout-enabled", "true").append()
+    # Offsets (and so ingest days) increase within each task: no shuffle needed before writing. The snapshot
+    # summary's running count of truncates, as `cdclake ingest` keeps it (this bronze has none).
+    writer = frame.writeTo(bronze.identifier).option("distribution-mode", "none").option("fanout-enabled", "true")
+    writer.option(f"snapshot-property.{TRUNCATES_PROPERTY}", "0").append()
     bronze.next_offset += count
 
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
-from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, decode_offsets
+from ingest.bronze.tables import OFFSETS_PROPERTY, TRUNCATES_PROPERTY, BronzeTables, decode_offsets, truncates_total
 from ingest.config import Settings
 from ingest.lakehouse import load_catalog
 from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
@@ -262,3 +262,30 @@ def test_seed_examples_land_typed(lakehouse: Path, source: str) -> None:
     assert source == "mongodb" or "d" in ops
     orders = [r["_cdc_order"] for r in landed if r["op"] is not None]
     assert orders == sorted(orders), f"{source}: positions must increase in stream order"
+
+
+def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: Path) -> None:
+    """Every bronze append records `cdclake.truncates-total` (the truncates of all appends so far) in its snapshot
+    summary, which tells silver whether a unit of work holds one. After an append by another writer the count is
+    unknown, and stays unknown (silver then reads its units for truncates)."""
+    from tests.silver_harness import Change, Topic
+
+    settings = make_settings(lakehouse)
+    topic = Topic("ifx.counts.orders")
+
+    def land(changes: list[Change]) -> str | None:
+        path = tmp_path / f"{topic.table}-{topic.next_offset}.jsonl"
+        path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
+        ingest_file(settings, path)
+        table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+        total: str | None = table.current_snapshot().summary.get(TRUNCATES_PROPERTY)
+        return total
+
+    assert land([Change("c", 1, 1, "a"), Change("c", 2, 2, "b")]) == "0"
+    assert land([Change("t", 0, 3), Change("c", 3, 4, "c"), Change("t", 0, 5)]) == "2"
+    assert land([Change("u", 3, 6, "c2")]) == "2"
+    assert land([Change("t", 0, 7)]) == "3"
+    table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+    table.append(table.scan(row_filter="op = 'c'", limit=1).to_arrow())  # another writer: no count
+    assert truncates_total(load_catalog(settings).load_table(f"bronze.{topic.table}")) is None
+    assert land([Change("u", 3, 8, "c3")]) is None

@@ -156,6 +156,37 @@ def test_a_truncate_is_one_commit_and_holds_for_later_units(harness: SilverHarne
     assert harness.silver(topic) == {3: "after2"} == topic.expected()
 
 
+def test_a_unit_is_read_for_truncates_only_when_bronze_cannot_rule_them_out(
+    harness: SilverHarness, dumps: Path
+) -> None:
+    """cdclake ingest keeps a running count of truncates in bronze's snapshot summaries: a run whose unit the counts
+    show truncate-free does not read it for one. A truncate another writer appended (no count) is still found and
+    applied."""
+    topic = harness.topic("counted_truncates")
+    log = harness.project / "logs" / "dbt.log"
+
+    def apply_probing(changes: list[Change]) -> bool:
+        """Apply ``changes``; whether the run read its unit for a truncate (the probe's SQL is in dbt's log)."""
+        size = log.stat().st_size if log.exists() else 0
+        harness.apply(topic, changes, dumps)
+        with log.open("rb") as text:
+            text.seek(size)
+            return b"where op = 't'" in text.read()
+
+    apply_probing([Change(C, 1, 1, "a"), Change(C, 2, 2, "b")])
+    assert not apply_probing([Change(U, 1, 3, "a2")])
+    assert harness.silver(topic) == {1: "a2", 2: "b"} == topic.expected()
+    assert apply_probing([Change(T, 0, 4), Change(C, 3, 5, "c")])
+    assert harness.silver(topic) == {3: "c"} == topic.expected()
+    # Another writer appends a truncate (a well-formed bronze row, landed for another topic first).
+    other = harness.topic("counted_truncates_source")
+    harness.land(other, [Change(T, 0, 6)], dumps)
+    catalog = load_catalog(harness.settings)
+    catalog.load_table(f"bronze.{topic.table}").append(catalog.load_table(f"bronze.{other.table}").scan().to_arrow())
+    assert apply_probing([Change(C, 4, 7, "d")])
+    assert harness.silver(topic) == {4: "d"}
+
+
 def main_steps(harness: SilverHarness, topic: Topic, since: int) -> list[int]:
     """The snapshots main has been at after snapshot ``since`` (its snapshot log); the table must have no other ref."""
     table = load_catalog(harness.settings).load_table(f"silver.{topic.table}")

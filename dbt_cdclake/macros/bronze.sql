@@ -73,16 +73,34 @@
 
 {#-
   The bronze snapshot the lakehouse is at now and whether snapshot `start` (if any) still exists, in one query:
-  {'end': id or None (a table never written), 'start_known': bool}.
+  {'end': id or None (a table never written), 'start_known': bool, 'end_truncates', 'start_truncates': the running
+  count of truncate records `cdclake ingest` keeps in each snapshot's summary (`cdclake.truncates-total`; None
+  where a snapshot has none)}. Main's snapshot is looked up among the snapshots: read from two loads of the table
+  metadata, a summary from before main moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
   {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
-    {{ return({'end': none, 'start_known': false}) }}
+    {{ return({'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none}) }}
   {%- endif -%}
-  {%- set known = '0' if start is none else '(select count(*) from ' ~ bronze ~ '.snapshots where snapshot_id = ' ~ (start | int) ~ ')' -%}
-  {%- set row = run_query("select (select snapshot_id from " ~ bronze ~ ".refs where name = 'main'), " ~ known).rows[0] -%}
-  {{ return({'end': none if row[0] is none else row[0] | string, 'start_known': row[1] > 0}) }}
+  {%- set total = "summary['cdclake.truncates-total']" -%}
+  {%- set start_id = 'null' if start is none else (start | int) -%}
+  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
+  {%- if not rows -%}
+    {{ return({'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none}) }}
+  {%- endif -%}
+  {%- set row = rows[0] -%}
+  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2]}) }}
+{%- endmacro %}
+
+
+{#-
+  Whether the unit of work after `start` (None: all of bronze) up to the snapshot `snapshots` describes is known to
+  hold no truncate: the running counts at both ends agree (so a run need not read its unit for one).
+-#}
+{% macro truncate_free(snapshots, start) -%}
+  {%- set before = '0' if start is none else snapshots.start_truncates -%}
+  {{ return(snapshots.end_truncates is not none and before is not none and snapshots.end_truncates == before) }}
 {%- endmacro %}
 
 

@@ -224,11 +224,12 @@ select * from dropped
 {#-
   Runs one unit of work for a history='scd2' model and returns the SQL of its 'main' statement (the silver
   CREATE or MERGE); tombstones (delete_mode='hard') are written before it on the first run, after it later, as
-  the current-state path does. Call scd2_finish() after 'main'.
+  the current-state path does. Call scd2_finish() after 'main'. `truncate_free`: the unit holds no truncate
+  (truncate_free in bronze.sql), so it is not read for one.
 -#}
-{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode) -%}
+{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false) -%}
   {%- set rows = model.alias ~ '__cdc_history' -%}
-  {%- set has_truncate = run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
+  {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
   {% do run_query('uncache table if exists ' ~ rows) %}
   {% do run_query('drop view if exists ' ~ rows) %}
   {#- Materialized once: the MERGE changes what a lazy view over silver would return. -#}

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import DayTransform
 from sqlalchemy.exc import IntegrityError, OperationalError
 
@@ -35,6 +37,9 @@ OFFSETS_PROPERTY = "cdclake.offsets"
 LAYOUT_PROPERTY = "cdclake.layout"
 KIND_PROPERTY = "cdclake.kind"
 COMMIT_ID_PROPERTY = "cdclake.commit-id"
+# Snapshot summary: how many truncate records (op 't') the table's appends hold up to this snapshot. Two snapshots'
+# counts tell a silver run whether its unit of work has a truncate, without reading the unit for one.
+TRUNCATES_PROPERTY = "cdclake.truncates-total"
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -205,8 +210,40 @@ class BronzeTables:
         )
         # The crash test kills the process between these two lines (data files written, catalog not yet updated).
         log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
+        summary = {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id}
+        total = truncates_total(table)
+        if total is not None:
+            summary[TRUNCATES_PROPERTY] = str(total + count_truncates(data))
         with table.transaction() as transaction:
-            append(transaction, data, {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id})
+            append(transaction, data, summary)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
         log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)
+
+
+def count_truncates(data: pa.Table) -> int:
+    """Truncate records (op 't') in ``data``; tables without an ``op`` column (transactions, dead letters) hold none."""
+    if "op" not in data.column_names:
+        return 0
+    return int(pc.sum(pc.equal(data["op"], "t")).as_py() or 0)
+
+
+def truncates_total(table: Table) -> int | None:
+    """The running count of truncate records up to the table's current snapshot (0 for a table without one): the
+    newest snapshot summary's count, passing snapshots that add no rows an incremental read sees (compaction's
+    replace, a delete). None when an append without the count comes first (another writer's, or cdclake's before it
+    kept one) or the chain reaches an expired snapshot: silver then reads its unit for truncates."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return 0
+    while snapshot is not None and snapshot.summary is not None:
+        value = snapshot.summary.get(TRUNCATES_PROPERTY)
+        if value is not None:
+            return int(value)
+        if (
+            snapshot.summary.operation not in (Operation.REPLACE, Operation.DELETE)
+            or snapshot.parent_snapshot_id is None
+        ):
+            return None
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return None

@@ -80,22 +80,23 @@
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
-    {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode) -%}
+    {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
   {%- else -%}
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
-    {#- The new changes are not cached: two statements read them (the truncate's position and the batch), each
-        only the columns it needs, which costs less than caching every bronze column (docs/silver.md). -#}
+    {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
+        rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
+        bronze column (docs/silver.md). -#}
     {%- set incremental = start is not none -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set input_sql = sql | replace(bronze | string, folded) -%}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
         and in every later one (a late change from before a truncate must not bring its row back). -#}
-    {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before')) -%}
+    {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
 
     {%- if existing is none -%}
       {%- set winners = identifier ~ '__cdc_winners' -%}
@@ -219,8 +220,12 @@
   The latest truncate that applies to this run: the newest `op t` of the unit of work, or the one a previous run
   applied (stored in the silver table's properties as "<order,...>;<offset>"), whichever is newer. Returns none,
   or {literal: a position to compare with, stored: its property text, new: whether this unit of work moved it}.
+  `probe`: false when the unit is known to hold no truncate (truncate_free): the unit is not read for one.
 -#}
-{% macro truncate_position(input_sql, previous) -%}
+{% macro truncate_position(input_sql, previous, probe=true) -%}
+  {%- if not probe -%}
+    {{ return(none if not previous else {'literal': cdclake.stored_position(previous), 'stored': previous, 'new': false}) }}
+  {%- endif -%}
   {%- set candidates = ["(select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) from (" ~ input_sql ~ ") where op = 't')"] -%}
   {%- if previous -%}{% do candidates.append(cdclake.stored_position(previous)) %}{%- endif -%}
   {%- set row = run_query("select concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
