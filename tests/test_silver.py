@@ -272,6 +272,10 @@ def test_each_run_decides_into_a_batch_table_of_its_own(
     assert len(second) == 1, second
     assert second != first
     assert harness.silver(topic) == {1: "c"}
+    # The previous batch in a catalog this session does not define (a batch_catalog since removed) stays there.
+    harness.spark.sql(f"alter table silver.{topic.table} set tblproperties ('cdclake.batch_schema' = 'gone.silver')")
+    harness.apply(topic, [Change(U, 1, 4, "d")], dumps, config)
+    assert harness.silver(topic) == {1: "d"}
 
 
 def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not(

@@ -136,7 +136,13 @@
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
       {#- Where the previous run left its batch (before this property: silver's namespace). -#}
       {%- set previous_batch_schema = properties.get('cdclake.batch_schema', schema) -%}
-      {% do cdclake.drop_batch_tables(target, [batch_schema, previous_batch_schema] | unique | list, identifier ~ '__cdc_batch_' ~ run_id) %}
+      {%- set batch_schemas = [batch_schema] -%}
+      {%- if previous_batch_schema != batch_schema and cdclake.catalog_defined(previous_batch_schema) -%}
+        {% do batch_schemas.append(previous_batch_schema) %}
+      {%- elif previous_batch_schema != batch_schema -%}
+        {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
+      {%- endif -%}
+      {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {%- set new_truncate = truncate is not none and truncate.new -%}
@@ -305,6 +311,13 @@
     {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.warehouse`=`' ~ warehouse.rstrip('/') ~ '/_cdclake_scratch`') %}
   {%- endif -%}
   {{ return(catalog ~ '.' ~ target.schema) }}
+{%- endmacro %}
+
+
+{#- Whether the catalog of `schema` (`[catalog.]namespace`) is defined in this session. -#}
+{% macro catalog_defined(schema) -%}
+  {%- set parts = schema.split('.') -%}
+  {{ return(parts | length < 2 or parts[0] == 'spark_catalog' or cdclake.spark_setting('spark.sql.catalog.' ~ parts[0]) is not none) }}
 {%- endmacro %}
 
 
