@@ -31,6 +31,12 @@
 {#- Whether the session's current catalog is an Iceberg catalog (which holds Iceberg tables only). -#}
 {% macro is_iceberg_catalog() -%}
   {%- set catalog = run_query('select current_catalog()').rows[0][0] -%}
-  {%- set implementation = run_query('set spark.sql.catalog.' ~ catalog).rows[0][1] -%}
-  {{ return(implementation == 'org.apache.iceberg.spark.SparkCatalog') }}
+  {{ return(cdclake.spark_setting('spark.sql.catalog.' ~ catalog) == 'org.apache.iceberg.spark.SparkCatalog') }}
+{%- endmacro %}
+
+
+{#- A Spark setting of the session, or none when unset (backquoted: a key such as `...io-impl` has a dash). -#}
+{% macro spark_setting(name) -%}
+  {%- set value = run_query('set `' ~ name ~ '`').rows[0][1] -%}
+  {{ return(none if value == '<undefined>' else value) }}
 {%- endmacro %}

@@ -321,13 +321,6 @@
 {%- endmacro %}
 
 
-{#- A Spark setting of the session, or none when unset (backquoted: a key such as `...io-impl` has a dash). -#}
-{% macro spark_setting(name) -%}
-  {%- set value = run_query('set `' ~ name ~ '`').rows[0][1] -%}
-  {{ return(none if value == '<undefined>' else value) }}
-{%- endmacro %}
-
-
 {#-
   Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `schemas`
   (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
