@@ -79,16 +79,15 @@
   metadata, a summary from before main moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
+  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none} -%}
   {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
-    {{ return({'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none}) }}
+    {{ return(unwritten) }}
   {%- endif -%}
   {%- set total = "summary['cdclake.truncates-total']" -%}
   {%- set start_id = 'null' if start is none else (start | int) -%}
   {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
-  {%- if not rows -%}
-    {{ return({'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none}) }}
-  {%- endif -%}
+  {%- if not rows -%}{{ return(unwritten) }}{%- endif -%}
   {%- set row = rows[0] -%}
   {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2]}) }}
 {%- endmacro %}

@@ -19,10 +19,10 @@
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
   2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
-     (batch_schema; the next run drops it): per touched key the row silver must hold (for a hard delete, the key and its position). Silver and the tombstones are looked up only
-     for the touched keys (broadcast semi-joins), and their positions only for changes at or below
-     `cdclake.applied_position` (the greatest position ever applied): a change above it is newer than anything
-     silver and the tombstones hold. Changes not newer than the latest truncate (this unit's or the one stored in
+     (batch_schema; the next run drops it): per touched key the row silver must hold (for a hard delete, the key
+     and its position). Silver and the tombstones are looked up only for the touched keys (broadcast
+     semi-joins), and their positions only for changes at or below `cdclake.applied_position` (the greatest
+     position ever applied): a change above it is newer than anything silver and the tombstones hold. Changes not newer than the latest truncate (this unit's or the one stored in
      `cdclake.truncated_before`) are void. One query over the batch counts what is to do;
   3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
      both staged on a branch of this run, then main is fast-forwarded to it: one atomic step of main. (One MERGE
@@ -137,10 +137,12 @@
       {#- Where the previous run left its batch (before this property: silver's namespace). -#}
       {%- set previous_batch_schema = properties.get('cdclake.batch_schema', schema) -%}
       {%- set batch_schemas = [batch_schema] -%}
-      {%- if previous_batch_schema != batch_schema and cdclake.catalog_defined(previous_batch_schema) -%}
-        {% do batch_schemas.append(previous_batch_schema) %}
-      {%- elif previous_batch_schema != batch_schema -%}
-        {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
+      {%- if previous_batch_schema != batch_schema -%}
+        {%- if cdclake.catalog_defined(previous_batch_schema) -%}
+          {% do batch_schemas.append(previous_batch_schema) %}
+        {%- else -%}
+          {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
+        {%- endif -%}
       {%- endif -%}
       {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
@@ -229,14 +231,14 @@
   `probe`: false when the unit is known to hold no truncate (truncate_free): the unit is not read for one.
 -#}
 {% macro truncate_position(input_sql, previous, probe=true) -%}
-  {%- if not probe -%}
-    {{ return(none if not previous else {'literal': cdclake.stored_position(previous), 'stored': previous, 'new': false}) }}
+  {%- set stored = previous or none -%}
+  {%- if probe -%}
+    {%- set candidates = ["(select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) from (" ~ input_sql ~ ") where op = 't')"] -%}
+    {%- if previous -%}{% do candidates.append(cdclake.stored_position(previous)) %}{%- endif -%}
+    {%- set row = run_query("select concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
+    {%- set stored = row[0][0] ~ ';' ~ row[0][1] if row else none -%}
   {%- endif -%}
-  {%- set candidates = ["(select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) from (" ~ input_sql ~ ") where op = 't')"] -%}
-  {%- if previous -%}{% do candidates.append(cdclake.stored_position(previous)) %}{%- endif -%}
-  {%- set row = run_query("select concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
-  {%- if not row -%}{{ return(none) }}{%- endif -%}
-  {%- set stored = row[0][0] ~ ';' ~ row[0][1] -%}
+  {%- if stored is none -%}{{ return(none) }}{%- endif -%}
   {{ return({'literal': cdclake.stored_position(stored), 'stored': stored, 'new': stored != previous}) }}
 {%- endmacro %}
 
