@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.lakehouse import load_catalog, warehouse_uri
+from ingest.maintenance import timestamp_literal
 from tests.silver_harness import Change, SilverHarness, Topic, dbt_examples, with_replay
 from tests.spark_fixtures import SparkLakehouse
 
@@ -185,6 +187,46 @@ def test_a_unit_is_read_for_truncates_only_when_bronze_cannot_rule_them_out(
     catalog.load_table(f"bronze.{topic.table}").append(catalog.load_table(f"bronze.{other.table}").scan().to_arrow())
     assert apply_probing([Change(C, 4, 7, "d")])
     assert harness.silver(topic) == {4: "d"}
+
+
+@pytest.mark.parametrize("history", ["current", "scd2"])
+def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
+    harness: SilverHarness, dumps: Path, history: str
+) -> None:
+    """Expiring bronze's snapshots (`cdclake maintain`, or by hand) can remove the snapshot silver last applied:
+    the next run says so and re-reads all of bronze, and the ordering guard and tombstones make that harmless (the
+    deleted key's old insert does not come back, nothing applied twice)."""
+    topic = harness.topic(f"expired_{history}")
+    config = "history='scd2'" if history == "scd2" else ""
+    log = harness.project / "logs" / "dbt.log"
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps, config)
+    harness.apply(topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4)], dumps, config)
+    catalog = load_catalog(harness.settings)
+    applied = int(catalog.load_table(f"silver.{topic.table}").properties["cdclake.bronze_snapshot_id"])
+    # Two appends after the applied snapshot, of which only the last one's snapshot is kept: a read of the
+    # snapshots that remain would miss key 3.
+    harness.land(topic, [Change(C, 3, 5, "c")], dumps)
+    harness.land(topic, [Change(U, 1, 6, "a3")], dumps)
+    bronze = f"bronze.{topic.table}"
+    later = timestamp_literal(dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1))
+    harness.spark.sql(
+        f"call lake.system.expire_snapshots(table => '{bronze}', older_than => {later}, retain_last => 1)"
+    ).collect()
+    remaining = [row["snapshot_id"] for row in harness.rows(f"{bronze}.snapshots", "snapshot_id")]
+    assert len(remaining) == 1
+    assert applied not in remaining
+    size = log.stat().st_size
+    assert harness.build(topic)
+    with log.open("rb") as text:
+        text.seek(size)
+        assert b"has been expired; re-reading all of" in text.read()
+    if history == "scd2":
+        assert harness.history(topic) == topic.expected_history()
+    else:
+        assert harness.silver(topic) == {1: "a3", 3: "c"} == topic.expected()
+    # The run recorded bronze's current snapshot: the next one has nothing to do.
+    assert harness.build(topic)
+    assert harness.silver(topic, "true" if history == "current" else "_cdc_is_current") == {1: "a3", 3: "c"}
 
 
 def main_steps(harness: SilverHarness, topic: Topic, since: int) -> list[int]:
