@@ -16,7 +16,7 @@ Tables (``--table``):
   on a 4-column table, schemas byte for byte those of the recorded fixture
   (tests/fixtures/debezium/postgres, ``inventory.customers``, REPLICA IDENTITY FULL); about 2.8 KB per value, of
   which 2.3 KB is the schema.
-- ``orders``: 11 columns incl. a decimal, a date and timestamps (Debezium 2.7's source block); about 3.7 KB.
+- ``orders``: 11 columns incl. a decimal, a date and timestamps, the same connector's envelope; about 4.5 KB.
 
 Run with ``make bench`` / ``python -m bench`` (``--events N``, ``--quick``). Results go to the "Ingest" section
 of docs/benchmarks.md (not for ``--quick`` runs).
@@ -35,7 +35,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -47,7 +47,7 @@ from ingest.broker import Record, TansuBroker
 from ingest.pipeline import POLL_BATCH
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-TOPIC = "benchdb.inventory.orders"
+ORDERS_TOPIC = "benchdb.inventory.orders"
 CUSTOMERS_TOPIC = "benchdb.inventory.customers"
 PARTITIONS = 3
 MAX_RECORDS = 100_000
@@ -62,7 +62,8 @@ def _field(kind: str, column: str, optional: bool = False, **extra: Any) -> dict
     return {"type": kind, "optional": optional, **extra, "field": column}
 
 
-ROW_FIELDS = [
+# `inventory.orders`: 11 columns incl. a decimal, a date and timestamps.
+ORDER_FIELDS = [
     _field("int32", "id", default=0),
     _field("int64", "customer_id"),
     _field("string", "status"),
@@ -81,53 +82,6 @@ ROW_FIELDS = [
     _field("boolean", "is_gift", optional=True),
     _field("string", "note", optional=True),
 ]
-SOURCE_FIELDS = [
-    _field("string", "version"),
-    _field("string", "connector"),
-    _field("string", "name"),
-    _field("int64", "ts_ms"),
-    _field("string", "snapshot", optional=True, name="io.debezium.data.Enum", version=1, default="false"),
-    _field("string", "db"),
-    _field("string", "sequence", optional=True),
-    _field("string", "schema"),
-    _field("string", "table"),
-    _field("int64", "txId", optional=True),
-    _field("int64", "lsn", optional=True),
-    _field("int64", "xmin", optional=True),
-]
-ROW_SCHEMA = {"type": "struct", "fields": ROW_FIELDS, "optional": True, "name": f"{TOPIC}.Value"}
-VALUE_SCHEMA = {
-    "type": "struct",
-    "fields": [
-        {**ROW_SCHEMA, "field": "before"},
-        {**ROW_SCHEMA, "field": "after"},
-        {
-            "type": "struct",
-            "fields": SOURCE_FIELDS,
-            "optional": False,
-            "name": "io.debezium.connector.postgresql.Source",
-            "field": "source",
-        },
-        _field("string", "op"),
-        _field("int64", "ts_ms", optional=True),
-        {
-            "type": "struct",
-            "fields": [
-                _field("string", "id"),
-                _field("int64", "total_order"),
-                _field("int64", "data_collection_order"),
-            ],
-            "optional": True,
-            "name": "event.block",
-            "version": 1,
-            "field": "transaction",
-        },
-    ],
-    "optional": False,
-    "name": f"{TOPIC}.Envelope",
-    "version": 1,
-}
-KEY_SCHEMA = {"type": "struct", "fields": [_field("int32", "id", default=0)], "optional": False, "name": f"{TOPIC}.Key"}
 STATUSES = ("new", "paid", "packed", "shipped", "delivered", "returned")
 NOTES = ("", "leave at the door", "gift wrap please", "call before delivery", "fragile: glassware inside")
 
@@ -153,70 +107,8 @@ def _row(rng: random.Random, key: int, micros: int) -> dict[str, Any]:
     }
 
 
-def order_envelopes(n: int, seed: int = 0) -> Iterator[Record]:
-    """``n`` change events: inserts of new keys, updates (with before images) and some deletes + tombstones."""
-    rng = random.Random(seed)
-    key_prefix = b'{"schema":' + orjson.dumps(KEY_SCHEMA) + b',"payload":'
-    value_prefix = b'{"schema":' + orjson.dumps(VALUE_SCHEMA) + b',"payload":'
-    rows: dict[int, dict[str, Any]] = {}
-    live: list[int] = []
-    next_key = 1
-    lsn = 30_000_000
-    micros = 1_717_200_000_000_000
-    emitted = 0
-    while emitted < n:
-        lsn += rng.randrange(50, 500)
-        micros += rng.randrange(1000, 100_000)
-        draw = rng.random()
-        after: dict[str, Any] | None
-        if len(live) < 100 or draw < 0.3:
-            key, op, before = next_key, "c", None
-            next_key += 1
-            after = _row(rng, key, micros)
-            live.append(key)
-        elif draw < 0.95:
-            key = live[rng.randrange(len(live))]
-            op, before = "u", rows[key]
-            after = {**before, "status": rng.choice(STATUSES), "quantity": rng.randrange(1, 20)}
-        else:
-            index = rng.randrange(len(live))
-            key = live[index]
-            live[index] = live[-1]
-            live.pop()
-            op, before, after = "d", rows[key], None
-        ts_ms = micros // 1000
-        payload = {
-            "before": before,
-            "after": after,
-            "source": {
-                "version": "2.7.3.Final",
-                "connector": "postgresql",
-                "name": "benchdb",
-                "ts_ms": ts_ms,
-                "snapshot": "false",
-                "db": "benchdb",
-                "sequence": f'["{lsn - 100}","{lsn}"]',
-                "schema": "inventory",
-                "table": "orders",
-                "txId": 700 + lsn // 1000,
-                "lsn": lsn,
-                "xmin": None,
-            },
-            "op": op,
-            "ts_ms": ts_ms + 3,
-            "transaction": None,
-        }
-        if after is None:
-            del rows[key]
-        else:
-            rows[key] = after
-        key_bytes = key_prefix + orjson.dumps({"id": key}) + b"}"
-        partition = key % PARTITIONS
-        yield Record(TOPIC, key_bytes, value_prefix + orjson.dumps(payload) + b"}", partition, ts_ms)
-        emitted += 1
-        if op == "d" and emitted < n:
-            yield Record(TOPIC, key_bytes, None, partition, ts_ms)  # the tombstone after a delete
-            emitted += 1
+def _changed_order(rng: random.Random, before: dict[str, Any]) -> dict[str, Any]:
+    return {**before, "status": rng.choice(STATUSES), "quantity": rng.randrange(1, 20)}
 
 
 # Debezium 3.6.3, PostgreSQL connector, `inventory.customers(id serial PK, first_name, last_name, email)`.
@@ -299,13 +191,47 @@ FIRST_NAMES = ("Sally", "George", "Edward", "Anne", "Maria", "Jonas", "Aiko", "P
 LAST_NAMES = ("Thomas", "Bailey", "Walker", "Kretchmar", "Garcia", "Berg", "Tanaka", "Sharma", "Murphy", "Haddad")
 
 
-def customer_envelopes(n: int, seed: int = 0) -> Iterator[Record]:
-    """``n`` change events of ``customers`` as Debezium 3.6.3 streams them: inserts, updates of last names
+def _new_customer(rng: random.Random, key: int, micros: int) -> dict[str, Any]:
+    first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+    return {
+        "id": key,
+        "first_name": first,
+        "last_name": last,
+        "email": f"{first.lower()}.{last.lower()}{key}@example.com",
+    }
+
+
+def _changed_customer(rng: random.Random, before: dict[str, Any]) -> dict[str, Any]:
+    return {**before, "last_name": rng.choice(LAST_NAMES)}
+
+
+@dataclass(frozen=True)
+class BenchTable:
+    """A PostgreSQL table whose change events the benchmark publishes."""
+
+    topic: str
+    row_fields: list[dict[str, Any]]
+    new_row: Callable[[random.Random, int, int], dict[str, Any]]  # (rng, key, micros): an inserted row
+    changed_row: Callable[[random.Random, dict[str, Any]], dict[str, Any]]  # (rng, row): that row updated
+    description: str
+
+
+TABLES = {
+    "customers": BenchTable(CUSTOMERS_TOPIC, CUSTOMER_FIELDS, _new_customer, _changed_customer, "4 columns"),
+    "orders": BenchTable(
+        ORDERS_TOPIC, ORDER_FIELDS, _row, _changed_order, "11 columns incl. a decimal, a date and timestamps"
+    ),
+}
+
+
+def postgres_envelopes(table: BenchTable, n: int, seed: int = 0) -> Iterator[Record]:
+    """``n`` change events of ``table`` as Debezium 3.6.3's PostgreSQL connector streams them: inserts, updates
     (REPLICA IDENTITY FULL: with the before image) and ~5% deletes, each followed by its tombstone."""
     rng = random.Random(seed)
-    key_schema, value_schema = debezium3_schemas(CUSTOMERS_TOPIC, CUSTOMER_FIELDS)
+    key_schema, value_schema = debezium3_schemas(table.topic, table.row_fields)
     key_prefix = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":'
     value_prefix = b'{"schema":' + orjson.dumps(value_schema) + b',"payload":'
+    name = table.topic.rsplit(".", 1)[1]
     rows: dict[int, dict[str, Any]] = {}
     live: list[int] = []
     next_key = 1
@@ -323,18 +249,12 @@ def customer_envelopes(n: int, seed: int = 0) -> Iterator[Record]:
         if len(live) < 100 or draw < 0.3:
             key, op, before = next_key, "c", None
             next_key += 1
-            first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
-            after = {
-                "id": key,
-                "first_name": first,
-                "last_name": last,
-                "email": f"{first.lower()}.{last.lower()}{key}@example.com",
-            }
+            after = table.new_row(rng, key, micros)
             live.append(key)
         elif draw < 0.95:
             key = live[rng.randrange(len(live))]
             op, before = "u", rows[key]
-            after = {**before, "last_name": rng.choice(LAST_NAMES)}
+            after = table.changed_row(rng, before)
         else:
             index = rng.randrange(len(live))
             key = live[index]
@@ -356,7 +276,7 @@ def customer_envelopes(n: int, seed: int = 0) -> Iterator[Record]:
                 "ts_us": micros,
                 "ts_ns": micros * 1000,
                 "schema": "inventory",
-                "table": "customers",
+                "table": name,
                 "txId": tx_id,
                 "lsn": lsn,
                 "xmin": None,
@@ -375,22 +295,16 @@ def customer_envelopes(n: int, seed: int = 0) -> Iterator[Record]:
             rows[key] = after
         key_bytes = key_prefix + orjson.dumps({"id": key}) + b"}"
         partition = key % PARTITIONS
-        yield Record(CUSTOMERS_TOPIC, key_bytes, value_prefix + orjson.dumps(payload) + b"}", partition, ts_ms)
+        yield Record(table.topic, key_bytes, value_prefix + orjson.dumps(payload) + b"}", partition, ts_ms)
         emitted += 1
         if op == "d" and emitted < n:
-            yield Record(CUSTOMERS_TOPIC, key_bytes, None, partition, ts_ms)  # the tombstone after a delete
+            yield Record(table.topic, key_bytes, None, partition, ts_ms)  # the tombstone after a delete
             emitted += 1
-
-
-TABLES = {
-    "customers": (CUSTOMERS_TOPIC, customer_envelopes, "4 columns, Debezium 3.6.3's envelope"),
-    "orders": (TOPIC, order_envelopes, "11 columns incl. a decimal, a date and timestamps, Debezium 2.7's envelope"),
-}
 
 
 def envelopes(n: int, seed: int = 0, table: str = "customers") -> Iterator[Record]:
     """``n`` change events of one of the benchmark's tables (``TABLES``)."""
-    return TABLES[table][1](n, seed)
+    return postgres_envelopes(TABLES[table], n, seed)
 
 
 # -- measurements -------------------------------------------------------------------------------------------------
@@ -437,7 +351,7 @@ class Results:
 
 
 def produce(broker: TansuBroker, events: int, results: Results) -> None:
-    topic = TABLES[results.table][0]
+    topic = TABLES[results.table].topic
     broker.create_topics([topic], partitions=results.partitions)
     started = time.perf_counter()
     sizes = 0
@@ -464,7 +378,7 @@ def raw_consume(broker: TansuBroker, results: Results) -> None:
     from ingest.config import SourceSettings
     from ingest.sources.kafka import consumer_config
 
-    topic = TABLES[results.table][0]
+    topic = TABLES[results.table].topic
     settings = SourceSettings(bootstrap_servers=broker.bootstrap_servers, topics=[topic], group_id="bench-raw")
     consumer = Consumer(consumer_config(settings))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(results.partitions)])
@@ -514,7 +428,7 @@ def ingest(broker: TansuBroker, results: Results, root: Path, profile: Path | No
                 "source": {
                     "type": "kafka",
                     "bootstrap_servers": broker.bootstrap_servers,
-                    "topics": [TABLES[results.table][0]],
+                    "topics": [TABLES[results.table].topic],
                     "group_id": group_id,
                 },
                 "ingest": {"max_records": MAX_RECORDS, "max_bytes": MAX_BYTES, "latency_threshold_s": 30.0},
@@ -639,8 +553,8 @@ def render_markdown(results: Results, rows: list[tuple[str, str, str]], runs: li
         "Reproduce with `make bench` (`python -m bench`; `--events N`, default 1,000,000; "
         "`python -m bench.ingest_bench --table orders` for the wider table).",
         "",
-        f"{results.events:,} Debezium change events of `{TABLES[results.table][0]}` (PostgreSQL connector, "
-        f"{TABLES[results.table][2]}, JSON converter with `schemas.enable=true`; "
+        f"{results.events:,} Debezium change events of `{TABLES[results.table].topic}` (PostgreSQL connector, "
+        f"{TABLES[results.table].description}, Debezium 3.6.3's envelope, JSON converter with `schemas.enable=true`; "
         f"{size:,.0f} bytes per value on average, tombstones counted as 0; ~5% deletes, each followed by its "
         "tombstone) "
         f"on one topic with {results.partitions} partitions of the embedded Tansu broker (memory storage), "
@@ -727,7 +641,7 @@ def main(
     count = events if events is not None else (QUICK_EVENTS if quick else 1_000_000)
     repeat = repeat if repeat is not None else (1 if quick or profile else 3)
     first = Results(events=count, partitions=PARTITIONS, table=table_name)
-    topic = TABLES[table_name][0]
+    topic = TABLES[table_name].topic
     runs: list[Results] = []
     with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
         print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions) ...", flush=True)
