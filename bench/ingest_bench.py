@@ -30,7 +30,6 @@ import datetime as dt
 import os
 import platform
 import random
-import re
 import resource
 import sys
 import tempfile
@@ -43,10 +42,11 @@ from typing import Any
 
 import orjson
 
+from bench.docs import BENCHMARKS_DOC, replace_section
 from ingest.broker import Record, TansuBroker
 from ingest.pipeline import POLL_BATCH
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+DOCS = BENCHMARKS_DOC
 ORDERS_TOPIC = "benchdb.inventory.orders"
 CUSTOMERS_TOPIC = "benchdb.inventory.customers"
 PARTITIONS = 3
@@ -596,18 +596,7 @@ def render_markdown(results: Results, rows: list[tuple[str, str, str]], runs: li
 
 def write_docs(section: str, path: Path = DOCS) -> None:
     """Replace the "Ingest" section of ``path`` (or create the file); other sections stay as they are."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("# Benchmarks\n\n" + section)
-        return
-    text = path.read_text()
-    match = re.search(r"^## Ingest[ \t]*\n.*?(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
-    if match is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = text[match.end() :]
-        text = text[: match.start()] + section + ("\n" + following if following else "")
-    path.write_text(text)
+    replace_section("## Ingest", section, path)
 
 
 def print_table(results: Results, rows: list[tuple[str, str, str]]) -> None:

@@ -47,13 +47,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench.docs import BENCHMARKS_DOC, replace_section
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, PARTITION_SOURCE_COLUMN, UTC_US
 from ingest.bronze.tables import KIND_PROPERTY, LAYOUT_PROPERTY, TABLE_PROPERTIES, TRUNCATES_PROPERTY
 from ingest.config import Settings, load_settings
 from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, load_catalog, runtime_dir, spark_jars
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+DOCS = BENCHMARKS_DOC
 SECTION = "## Merge (silver)"
 DEFAULT_ROOT = Path("/tmp/cdclake-merge-bench")
 SIZES = (1_000_000, 10_000_000)
@@ -861,19 +862,7 @@ def render_markdown(results: Results) -> str:
 
 def write_docs(section: str, path: Path = DOCS) -> None:
     """Replace the "Merge (silver)" section of ``path`` (or create the file); other sections stay as they are."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("# Benchmarks\n\n" + section)
-        return
-    text = path.read_text()
-    pattern = rf"^{re.escape(SECTION)}[ \t]*\n.*?(?=^## |\Z)"
-    match = re.search(pattern, text, flags=re.MULTILINE | re.DOTALL)
-    if match is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        following = text[match.end() :]
-        text = text[: match.start()] + section + ("\n" + following if following else "")
-    path.write_text(text)
+    replace_section(SECTION, section, path)
 
 
 def _sizes(text: str) -> list[int]:

@@ -57,3 +57,17 @@ def test_check_mode(tmp_path: Path) -> None:
     written = subprocess.run([sys.executable, str(SCRIPT), "--output", str(stale)], capture_output=True, text=True)
     assert written.returncode == 0, written.stderr
     assert stale.read_text() == DOC.read_text()
+
+
+def test_a_benchmark_rewrites_only_its_own_section(tmp_path: Path) -> None:
+    """Each benchmark replaces its `## ` section of docs/benchmarks.md; the others stay byte for byte."""
+    from bench.docs import replace_section
+
+    path = tmp_path / "benchmarks.md"
+    replace_section("## Merge (silver)", "## Merge (silver)\n\nm1\n", path)
+    replace_section("## Ingest", "## Ingest\n\ni1\n", path)
+    assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm1\n\n## Ingest\n\ni1\n"
+    replace_section("## Merge (silver)", "## Merge (silver)\n\nm2\n| a | b |\n", path)
+    assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm2\n| a | b |\n\n## Ingest\n\ni1\n"
+    replace_section("## Ingest", "## Ingest\n\ni2\n", path)
+    assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm2\n| a | b |\n\n## Ingest\n\ni2\n"
