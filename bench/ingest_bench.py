@@ -16,7 +16,7 @@ Tables (``--table``):
   on a 4-column table, schemas byte for byte those of the recorded fixture
   (tests/fixtures/debezium/postgres, ``inventory.customers``, REPLICA IDENTITY FULL); about 2.8 KB per value, of
   which 2.3 KB is the schema.
-- ``orders``: 11 columns incl. a decimal, a date and timestamps, the same connector's envelope; about 4.5 KB.
+- ``orders``: 11 columns incl. a decimal, a date and timestamps, the same connector's envelope; about 4.2 KB.
 
 Run with ``make bench`` / ``python -m bench`` (``--events N``, ``--quick``). Results go to the "Ingest" section
 of docs/benchmarks.md (not for ``--quick`` runs).

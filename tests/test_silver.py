@@ -193,9 +193,9 @@ def test_a_unit_is_read_for_truncates_only_when_bronze_cannot_rule_them_out(
 def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
     harness: SilverHarness, dumps: Path, history: str
 ) -> None:
-    """Expiring bronze's snapshots (`cdclake maintain`, or by hand) can remove the snapshot silver last applied:
-    the next run says so and re-reads all of bronze, and the ordering guard and tombstones make that harmless (the
-    deleted key's old insert does not come back, nothing applied twice)."""
+    """Expiring bronze's snapshots by hand (`cdclake maintain` keeps the one silver applied) can remove the snapshot
+    silver last applied: the next run says so and re-reads all of bronze, and the ordering guard and tombstones make
+    that harmless (the deleted key's old insert does not come back, nothing is applied twice)."""
     topic = harness.topic(f"expired_{history}")
     config = "history='scd2'" if history == "scd2" else ""
     log = harness.project / "logs" / "dbt.log"
