@@ -91,7 +91,7 @@ def _decimal_bytes(value: Decimal, scale: int) -> str:
     return base64.b64encode(unscaled.to_bytes((unscaled.bit_length() + 8) // 8, "big", signed=True)).decode()
 
 
-def _row(rng: random.Random, key: int, micros: int) -> dict[str, Any]:
+def _new_order(rng: random.Random, key: int, micros: int) -> dict[str, Any]:
     return {
         "id": key,
         "customer_id": 10_000 + rng.randrange(50_000),
@@ -219,7 +219,7 @@ class BenchTable:
 TABLES = {
     "customers": BenchTable(CUSTOMERS_TOPIC, CUSTOMER_FIELDS, _new_customer, _changed_customer, "4 columns"),
     "orders": BenchTable(
-        ORDERS_TOPIC, ORDER_FIELDS, _row, _changed_order, "11 columns incl. a decimal, a date and timestamps"
+        ORDERS_TOPIC, ORDER_FIELDS, _new_order, _changed_order, "11 columns incl. a decimal, a date and timestamps"
     ),
 }
 
