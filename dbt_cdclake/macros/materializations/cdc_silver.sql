@@ -22,8 +22,9 @@
      (batch_schema; the next run drops it): per touched key the row silver must hold (for a hard delete, the key
      and its position). Silver and the tombstones are looked up only for the touched keys (broadcast
      semi-joins), and their positions only for changes at or below `cdclake.applied_position` (the greatest
-     position ever applied): a change above it is newer than anything silver and the tombstones hold. Changes not newer than the latest truncate (this unit's or the one stored in
-     `cdclake.truncated_before`) are void. One query over the batch counts what is to do;
+     position ever applied): a change above it is newer than anything silver and the tombstones hold. Changes not
+     newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are void. One
+     query over the batch counts what is to do;
   3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
      both staged on a branch of this run, then main is fast-forwarded to it: one atomic step of main. (One MERGE
      would shuffle all of silver: Spark 3.5 plans a MERGE with an insert clause as a right outer join, which
