@@ -320,6 +320,40 @@ def test_each_run_decides_into_a_batch_table_of_its_own(
     assert harness.silver(topic) == {1: "d"}
 
 
+def test_a_run_that_fails_drops_no_batch_table_of_another_run(harness: SilverHarness, dumps: Path) -> None:
+    """A run drops the batch tables other runs left only once its own commits are done. Before, two overlapping
+    runs could each drop the other's table right after writing their own, and both failed (seen in CI). Here a run
+    fails mid-apply (silver's data file format is one Iceberg cannot write) while the previous run's batch table
+    and one of a run still going exist: both stay, and silver is unchanged; the next run that succeeds applies the
+    unit and drops every batch table but its own."""
+    topic = harness.topic("failed_run")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(topic, [Change(U, 1, 3, "a1")], dumps)  # an incremental run: its batch table stays
+    prefix = f"{topic.table}__cdc_batch_"
+
+    def batch_tables() -> set[str]:
+        rows = harness.spark.sql(f"show tables in cdclake_scratch.silver like '{prefix}*'").collect()
+        return {row["tableName"] for row in rows}
+
+    (previous,) = batch_tables()
+    running = prefix + "0123456789abcdef0123456789abcdef"
+    harness.spark.sql(f"create table cdclake_scratch.silver.{running} using iceberg as select 1 as id")
+    silver = f"silver.{topic.table}"
+    harness.spark.sql(f"alter table {silver} set tblproperties ('write.format.default' = 'no-such-format')")
+    harness.land(topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5)], dumps)
+    assert not harness.build(topic), "a run that cannot write silver's files succeeded"
+    assert harness.silver(topic) == {1: "a1", 2: "b"}
+    left = batch_tables()
+    assert {previous, running} < left, left
+    assert len(left) == 3, left  # and the failed run's own
+    harness.spark.sql(f"alter table {silver} unset tblproperties ('write.format.default')")
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a2"} == topic.expected()
+    after = batch_tables()
+    assert len(after) == 1, after
+    assert not after & left, after
+
+
 def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not(
     harness: SilverHarness, dumps: Path
 ) -> None:

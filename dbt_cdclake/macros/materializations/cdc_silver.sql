@@ -19,9 +19,9 @@
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
   2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
-     (batch_schema; the next run drops it): per touched key the row silver must hold (for a hard delete, the key
-     and its position). Silver and the tombstones are looked up only for the touched keys (broadcast
-     semi-joins), and their positions only for changes at or below `cdclake.applied_position` (the greatest
+     (batch_schema; the next run to succeed drops it): per touched key the row silver must hold (for a hard
+     delete, the key and its position). Silver and the tombstones are looked up only for the touched keys
+     (broadcast semi-joins), and their positions only for changes at or below `cdclake.applied_position` (the greatest
      position ever applied): a change above it is newer than anything silver and the tombstones hold. Changes not
      newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are void. One
      query over the batch counts what is to do;
@@ -32,7 +32,9 @@
   4. tombstones: a matched-only MERGE for touched keys that have one, an INSERT for new ones; each skipped when
      there is nothing to do;
   5. `cdclake.bronze_snapshot_id`, `cdclake.applied_position` and `cdclake.truncated_before` are set in one
-     commit, last: a run killed before re-applies the same unit, which is idempotent.
+     commit: a run killed before re-applies the same unit, which is idempotent;
+  6. the batch tables other runs left are dropped, only now: a run that fails drops none, so two overlapping runs
+     cannot each drop the other's and both fail.
 -#}
 {% materialization cdc_silver, adapter='spark' %}
   {%- set identifier = model['alias'] -%}
@@ -145,7 +147,6 @@
           {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
         {%- endif -%}
       {%- endif -%}
-      {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {%- set new_truncate = truncate is not none and truncate.new -%}
@@ -185,6 +186,9 @@
     {#- A table made before silver_table_properties had it (a property the user set stays). -#}
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
+    {%- if batch_schemas is defined -%}
+      {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
+    {%- endif -%}
     {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
@@ -328,8 +332,9 @@
   Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `schemas`
   (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
   own until the next, for a look at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files in a JDBC
-  or REST catalog. A run overlapping this one loses its table and fails before main moves; the next run applies
-  what it did not.
+  or REST catalog. Called once this run's commits are done: a run overlapping this one may lose its table and fail
+  (the next run applies what it did not), but a run that fails drops nothing, so two overlapping runs cannot drop
+  each other's tables and both fail.
 -#}
 {% macro drop_batch_tables(target, schemas, keep) -%}
   {%- set prefix = target.identifier ~ '__cdc_batch' -%}
