@@ -358,6 +358,8 @@
 {#-
   The unit of work, decided: per touched key the row silver must hold (for a delete in hard mode, the key and its
   position), left out when not newer than its key's silver row or tombstone, or not newer than the latest truncate.
+  A delete at its own tombstone's position is kept: applying it again is idempotent, and two overlapping first
+  builds can leave the tombstones of a longer bronze range than silver's, whose deletes silver still needs.
   Silver and tombstones are read only for the touched keys (left semi-joins, broadcast in an incremental run);
   the tombstones one row per key: two overlapping runs of the model that apply the same delete can both add its
   tombstone, and a joined duplicate would duplicate the key's batch row (a second silver row, a failed MERGE);
@@ -420,7 +422,7 @@
   {%- endif %}
   where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }})
   {%- if delete_mode == 'hard' %}
-    and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position)
+    and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = b._cdc_position))
   {%- endif %}
   {%- if truncate is not none %}
     and {{ cdclake.position('s') }} > {{ truncate.literal }}
