@@ -21,8 +21,15 @@
 {%- endmacro %}
 
 
-{% macro key_match(keys, left, right) -%}
-  {%- for key in keys %}{{ left }}.{{ cdclake.quote(key) }} <=> {{ right }}.{{ cdclake.quote(key) }}{% if not loop.last %} and {% endif %}{% endfor -%}
+{#-
+  Rows of the same key: null-safe (a key column may be null, as a column named in `keys` or a part of a key
+  without a primary key, and a null key is one key). `null_safe=false` where one side is known to hold no null
+  key, which makes it the same match: Spark then hashes the key itself, not (coalesce, isnull) pairs (the
+  DELETE's scan of 10M silver rows: 0.87 s instead of 1.34 s, docs/silver.md).
+-#}
+{% macro key_match(keys, left, right, null_safe=true) -%}
+  {%- set operator = '<=>' if null_safe else '=' -%}
+  {%- for key in keys %}{{ left }}.{{ cdclake.quote(key) }} {{ operator }} {{ right }}.{{ cdclake.quote(key) }}{% if not loop.last %} and {% endif %}{% endfor -%}
 {%- endmacro %}
 
 

@@ -147,8 +147,10 @@
           {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
         {%- endif -%}
       {%- endif -%}
-      {%- set stats = run_query(cdclake.batch_stats_sql(batch, delete_mode, applied_position)).rows[0] -%}
+      {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
+      {#- Without a null key in the batch, its keys match silver's with `=` (a faster join, the same rows). -#}
+      {%- set null_safe = stats[5] > 0 -%}
       {%- set new_truncate = truncate is not none and truncate.new -%}
       {#- Every batch row removes its key's silver row (if any); those that are not hard deletes are inserted. -#}
       {%- set removes_rows = stats[0] > 0 or new_truncate -%}
@@ -159,7 +161,7 @@
         {%- set branch = 'cdclake_apply_' ~ run_id -%}
         {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
-        {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental)) %}
+        {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
         {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
         {%- call statement('main') -%}
           call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
@@ -167,12 +169,12 @@
         {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
       {%- elif removes_rows -%}
         {#- Hard deletes (or a truncate) only: one commit, on main directly. -#}
-        {%- call statement('main') -%} {{ cdclake.silver_delete_sql(layout, batch, target, truncate if new_truncate else none, incremental) }} {%- endcall -%}
+        {%- call statement('main') -%} {{ cdclake.silver_delete_sql(layout, batch, target, truncate if new_truncate else none, incremental, null_safe) }} {%- endcall -%}
       {%- else -%}
         {%- call statement('main') -%} select 1 {%- endcall -%}
       {%- endif -%}
       {%- if delete_mode == 'hard' and stats[2] > 0 -%}
-        {% do run_query(cdclake.tombstone_merge_sql(layout, batch, tombstones)) %}
+        {% do run_query(cdclake.tombstone_merge_sql(layout, batch, tombstones, null_safe)) %}
       {%- endif -%}
       {%- if delete_mode == 'hard' and stats[3] > 0 -%}
         {% do run_query(cdclake.tombstone_insert_sql(layout, batch, tombstones)) %}
@@ -432,9 +434,10 @@
 
 {#-
   What the batch asks for: keys to remove from silver, rows to insert, tombstones to update or retire,
-  tombstones to add; and the new applied position (JSON): the greatest of the old one and the batch's.
+  tombstones to add; the new applied position (JSON): the greatest of the old one and the batch's; and its rows
+  with a null key part (none, usually).
 -#}
-{% macro batch_stats_sql(batch, delete_mode, applied_position) -%}
+{% macro batch_stats_sql(batch, layout, delete_mode, applied_position) -%}
   {%- set greatest = 'max(' ~ cdclake.position('s') ~ ')' -%}
   select
     count(*),
@@ -443,7 +446,8 @@
     {%- else %}
     count(*), 0, 0,
     {%- endif %}
-    to_json({% if applied_position is none %}{{ greatest }}{% else %}greatest({{ cdclake.position_literal(applied_position) }}, {{ greatest }}){% endif %})
+    to_json({% if applied_position is none %}{{ greatest }}{% else %}greatest({{ cdclake.position_literal(applied_position) }}, {{ greatest }}){% endif %}),
+    count_if({% for key in layout.key_columns %}s.{{ cdclake.quote(key) }} is null{% if not loop.last %} or {% endif %}{% endfor %})
   from {{ batch }} s
 {%- endmacro %}
 
@@ -451,10 +455,11 @@
 {#-
   Removes the silver rows the batch replaces or deletes and, with a truncate new in this unit, every row older
   than it. The keys are matched in a (broadcast) exists-subquery: silver's key column is scanned, not shuffled.
+  `null_safe`: false when the batch holds no null key (key_match).
 -#}
-{% macro silver_delete_sql(layout, batch, relation, truncate, broadcast) -%}
+{% macro silver_delete_sql(layout, batch, relation, truncate, broadcast, null_safe=true) -%}
   delete from {{ relation }} t
-  where exists (select {% if broadcast %}/*+ BROADCAST(s) */ {% endif %}1 from {{ batch }} s where {{ cdclake.key_match(layout.key_columns, 's', 't') }})
+  where exists (select {% if broadcast %}/*+ BROADCAST(s) */ {% endif %}1 from {{ batch }} s where {{ cdclake.key_match(layout.key_columns, 's', 't', null_safe) }})
   {%- if truncate is not none %}
   or {{ cdclake.position('t') }} < {{ truncate.literal }}
   {%- endif %}
@@ -479,10 +484,10 @@
   older than its key's silver row (a late delete) is harmless: any change that passes the silver row's guard is
   newer than it too. Matched-only: Spark plans it as an inner join, which broadcasts the batch.
 -#}
-{% macro tombstone_merge_sql(layout, batch, tombstones) -%}
+{% macro tombstone_merge_sql(layout, batch, tombstones, null_safe=true) -%}
   merge into {{ tombstones }} b
   using (select * from {{ batch }} s where s._cdc_has_tombstone) s
-  on {{ cdclake.key_match(layout.key_columns, 'b', 's') }}
+  on {{ cdclake.key_match(layout.key_columns, 'b', 's', null_safe) }}
   when matched and s._cdc_op = 'd' then update set
     b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset, b._cdc_deleted_at = current_timestamp()
   when matched then delete
