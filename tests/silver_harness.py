@@ -9,6 +9,7 @@ MongoDB-shaped events (``MongoTopic``) test the folding of partial updates into 
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,16 +361,20 @@ class SilverHarness:
         tables = BronzeTables(load_catalog(self.settings), self.settings.lakehouse.bronze_namespace)
         Pipeline(self.settings.ingest, tables, FileSource(path)).run(once=True)
 
-    def write_model(self, topic: Topic | MongoTopic, config: str = "") -> None:
+    def write_model(self, topic: Topic | MongoTopic, config: str = "", name: str | None = None) -> None:
+        """The model ``name`` (default: the topic's table) over the topic's bronze table."""
         models = self.project / "models" / "silver"
-        (models / f"{topic.table}.sql").write_text(
+        (models / f"{name or topic.table}.sql").write_text(
             f"{{{{ config(materialized='cdc_silver'{', ' + config if config else ''}) }}}}\n"
             f"select * from {{{{ source('bronze', '{topic.table}') }}}}\n"
         )
-        sources = sorted(p.stem for p in models.glob("*.sql"))
+        # The bronze tables the models read (a model may be named other than its table).
+        sources = sorted(
+            {t for p in models.glob("*.sql") for t in re.findall(r"source\('bronze', '([^']+)'\)", p.read_text())}
+        )
         (models / "_test_sources.yml").write_text(
             "version: 2\nsources:\n  - name: bronze\n    schema: bronze\n    tables:\n"
-            + "".join(f"      - name: {name}\n" for name in sources)
+            + "".join(f"      - name: {table}\n" for table in sources)
         )
 
     def apply(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path, config: str = "") -> None:

@@ -368,10 +368,7 @@ def test_overlapping_first_builds_leave_no_delete_unapplied(harness: SilverHarne
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 5, "b")], dumps, config)
     harness.land(topic, [Change(D, 1, 3)], dumps)
     other = f"{topic.table}_other"
-    (harness.project / "models" / "silver" / f"{other}.sql").write_text(
-        f"{{{{ config(materialized='cdc_silver'{', ' + config if config else ''}) }}}}\n"
-        f"select * from {{{{ source('bronze', '{topic.table}') }}}}\n"
-    )
+    harness.write_model(topic, config, name=other)
     assert run_dbt(harness.settings, ["build", "--select", other])
     tombstones = f"silver.{topic.table}__cdc_tombstones"
     harness.spark.sql(f"insert overwrite {tombstones} select * from silver.{other}__cdc_tombstones")
