@@ -24,11 +24,12 @@ from typing import Any, cast
 import pyarrow as pa
 
 from ingest.bronze.columnar import BatchDecoder, Group
-from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row
+from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row, dead_lettered_offsets
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.rows import Layout, RowBuilder
 from ingest.bronze.tables import (
+    DEAD_LETTER_KIND,
     LAYOUT_PROPERTY,
     OFFSETS_PROPERTY,
     BronzeTables,
@@ -130,6 +131,8 @@ class Pipeline:
         # Guards the read-modify-write of _committed, which the commit thread also updates.
         self._committed_lock = threading.Lock()
         self._table_names: dict[str, str] = {}
+        # Per partition: which offsets in [low, high) the dead-letter table holds (see _dead_lettered).
+        self._dead_letter_window: dict[tuple[str, int], tuple[int, int, set[int]]] = {}
         self._skips: dict[str, int] = {}
         self.fast_path = fast_path
         decoder = Decoder()
@@ -142,17 +145,27 @@ class Pipeline:
 
     def _load_table_state(self, name: str) -> None:
         table = self.tables.load(name)
+        schema, layout = None, None
         if table is None:
             with self._committed_lock:
                 self._committed[name] = {}
-            self._schemas[name], self._layouts[name] = None, None
-            return
-        stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
-        with self._committed_lock:
-            self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
-        self._schemas[name] = normalized(table.schema().as_arrow())
-        self._layouts[name] = table.properties.get(LAYOUT_PROPERTY)
-        self._seen_schemas[name] = set()
+        else:
+            stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+            with self._committed_lock:
+                self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
+            schema = normalized(table.schema().as_arrow())
+            layout = table.properties.get(LAYOUT_PROPERTY)
+        # Rows still buffered for the table passed their schema checks against what the table will hold once they
+        # commit: keep their columns and layout, or a later record of a conflicting type would pass the check and
+        # fail the commit (stopping the service) instead of becoming a dead letter.
+        seen: set[int] = set()
+        pending = self._buffer.get(name)
+        if pending is not None and pending.schemas:
+            for buffered in pending.schemas:
+                schema = merge_schemas(self.tables.identifier(name), schema, buffered)
+                seen.add(id(buffered))
+            layout = layout or pending.layout.value
+        self._schemas[name], self._layouts[name], self._seen_schemas[name] = schema, layout, seen
 
     def _offsets(self, name: str) -> Offsets:
         committed = self._committed.get(name)
@@ -168,7 +181,21 @@ class Pipeline:
             name = self.table_for(topic)
             self._load_table_state(name)
             self._load_table_state(DEAD_LETTER_TABLE)
+            self._dead_letter_window.pop((topic, partition), None)
             return self._committed[name].get((topic, partition))
+
+    def _dead_lettered(self, tp: tuple[str, int], offset: int) -> bool:
+        """Whether the dead-letter table holds this record. Only a record below its offsets can be there: one read
+        again after a crash between the dead-letter commit and the data table's (ingest.bronze.dead_letters)."""
+        high = self._offsets(DEAD_LETTER_TABLE).get(tp, -1)
+        if offset >= high:
+            return False
+        window = self._dead_letter_window.get(tp)
+        if window is None or not window[0] <= offset < window[1]:
+            table = self.tables.load(DEAD_LETTER_TABLE)
+            held = set() if table is None else dead_lettered_offsets(table, tp[0], tp[1], offset, high)
+            window = self._dead_letter_window[tp] = (offset, high, held)  # records come in offset order
+        return offset in window[2]
 
     # -- decode & buffer --------------------------------------------------------------------------------------
     def _check_schema(self, name: str, schema: pa.Schema, row_layout: Layout) -> None:
@@ -260,6 +287,17 @@ class Pipeline:
                 table = known[topic] = (name, self._offsets(name))
             name, committed = table
             append(None if committed and record.offset < committed.get((topic, record.partition), -1) else name)
+        # Records below the dead-letter table's offsets but not the data table's take the per-record path, which
+        # asks the dead-letter table whether it holds them (_dead_lettered). Usually there are none.
+        window = {
+            tp: high
+            for tp, high in self._offsets(DEAD_LETTER_TABLE).items()
+            if tp[0] in known and high > known[tp[0]][1].get(tp, -1)
+        }
+        if window:
+            for index, record in enumerate(records):
+                if names[index] is not None and record.offset < window.get((record.topic, record.partition), -1):
+                    names[index] = None
         groups = self._batch_decoder.group(records, names)
         built: dict[int, Group] = {}
         for group in groups:
@@ -460,7 +498,7 @@ class Pipeline:
         if name is None:
             name = self._table_names[record.topic] = self.table_for(record.topic)
         tp = (record.topic, record.partition)
-        if record.offset < self._offsets(name).get(tp, -1):
+        if record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(tp, record.offset):
             self._skip("replay")
             return
         try:
@@ -504,9 +542,6 @@ class Pipeline:
 
     def _dead_letter(self, record: RawRecord, name: str, error: Exception, ingested_at: dt.datetime) -> None:
         tp = (record.topic, record.partition)
-        if record.offset < self._offsets(DEAD_LETTER_TABLE).get(tp, -1):
-            self._skip("replay")
-            return
         log.warning(
             "dead letter %s[%d]@%d: %s",
             record.topic,
@@ -517,7 +552,7 @@ class Pipeline:
         )
         batch = self._buffer.get(DEAD_LETTER_TABLE)
         if batch is None:
-            batch = self._buffer[DEAD_LETTER_TABLE] = TableBatch(DEAD_LETTER_TABLE, Layout.TYPED, "dead_letter")
+            batch = self._buffer[DEAD_LETTER_TABLE] = TableBatch(DEAD_LETTER_TABLE, Layout.TYPED, DEAD_LETTER_KIND)
             batch.schemas.append(DEAD_LETTER_SCHEMA)
         batch.rows.append(dead_letter_row(record, self.tables.identifier(name), error, ingested_at))
         batch.offsets[tp] = record.offset + 1
@@ -602,8 +637,11 @@ class Pipeline:
         if future is not None:
             try:
                 future.result()
-            except Exception:
+            except Exception as error:
                 log.exception("the bronze commit in flight failed")
+                # The source's close() may still revoke partitions, and revoke() must not commit a newer buffer.
+                if self._commit_error is None:
+                    self._commit_error = error
         if self._committer is not None:
             self._committer.shutdown()
             self._committer = None
@@ -616,7 +654,7 @@ class Pipeline:
         """Commit one flush's tables; returns the offsets to tell the source (advisory)."""
         started = time.monotonic()
         # Dead letters first: a crash before the data tables commit re-reads those records, and the dead
-        # letters among them are then recognised by the dead-letter table's offsets.
+        # letters among them are then found in the dead-letter table (_dead_lettered), whatever they decode to now.
         dead = buffer.pop(DEAD_LETTER_TABLE, None)
         if dead is not None:
             self._commit(dead)
@@ -664,8 +702,12 @@ class Pipeline:
             self._committed.pop(batch.name, None)
 
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
-        """Before partitions move to another process, commit what is buffered (rebalance callback)."""
-        self.flush()
+        """Before partitions move to another process, commit what is buffered (rebalance callback); not after a
+        failed commit, whose records the buffered ones lie beyond (a restart, or the new owner, reads them all)."""
+        if self._commit_error is not None:
+            log.warning("partitions revoked after a failed bronze commit: the buffered records are not committed")
+        else:
+            self.flush()
         for topic, _partition in partitions:
             self._committed.pop(self.table_for(topic), None)
 

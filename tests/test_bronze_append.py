@@ -151,6 +151,46 @@ def test_after_a_failed_background_commit_nothing_else_commits(tmp_path: Path) -
         assert sorted(landed[topic]) == list(range(count)), topic  # every record once (dead letters included)
 
 
+def test_a_failed_commit_in_flight_is_not_followed_by_the_revocation_commit(tmp_path: Path) -> None:
+    """run() fails for another reason while the background commit of the buffer before fails too. Closing a Kafka
+    source then revokes its partitions (librdkafka calls the rebalance callback on close): that must not commit the
+    newer buffer, whose records lie beyond the ones the failed commit did not land."""
+    import threading
+
+    from ingest.errors import CommitError
+    from tests.conftest import FIXTURES, file_pipeline
+
+    settings = make_settings(tmp_path / "lake")
+    dump = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+    pipeline = file_pipeline(settings, dump, max_records=1000, background_decode=False)
+    commits: list[str] = []
+    release = threading.Event()
+    commit = pipeline.tables.commit
+
+    def failing_first(batch: Any) -> int:
+        commits.append(batch.name)
+        if len(commits) == 1:
+            release.wait(30)
+            raise CommitError("injected")
+        return commit(batch)
+
+    pipeline.tables.commit = failing_first  # type: ignore[method-assign]
+    pipeline.source.start(pipeline.resolve)
+    first, second = pipeline.source.poll(3, 0.0), pipeline.source.poll(2, 0.0)  # customers 0-2, typed_values 0-1
+    assert [r.topic for r in first] == [first[0].topic] * 3
+    assert [r.topic for r in second] == [second[0].topic] * 2
+    now = dt.datetime.now(dt.UTC)
+    pipeline.accept_batch(first, now)
+    pipeline._flush(wait=False)  # in flight until released
+    pipeline.accept_batch(second, now)
+    release.set()
+    pipeline._stop_threads()  # run()'s finally, after run() raised for another reason
+    pipeline.revoke([(first[0].topic, 0), (second[0].topic, 0)])  # what the Kafka source's close() does
+    pipeline.source.close()
+    assert commits == [pipeline.table_for(first[0].topic)]  # the failed commit only
+    assert load_catalog(settings).list_tables("bronze") == []
+
+
 # -- background decoding --------------------------------------------------------------------------------------------
 def coordinates_of(records: Iterable[Any]) -> Counter[Coordinate]:
     """How often each (topic, partition, offset) is among ``records`` (RawRecords or the fakes' records)."""

@@ -14,7 +14,7 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import OFFSETS_PROPERTY, TRUNCATES_PROPERTY, BronzeTables, decode_offsets, truncates_total
 from ingest.config import Settings
 from ingest.lakehouse import load_catalog
-from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
+from tests.conftest import FIXTURES, file_pipeline, ingest_file, make_settings, topic_counts
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
 
@@ -68,14 +68,15 @@ def test_typed_values_become_real_types(lakehouse: Path) -> None:
     assert all("c_numeric_any" in r["_cdc_error"] and "without rounding" in r["_cdc_error"] for r in dead)
 
 
-def write_dump(path: Path, records: list[tuple[str, int, Any, Any]]) -> Path:
+def write_dump(path: Path, records: list[tuple[str, int, Any, Any]], partitions: list[int] | None = None) -> Path:
+    """A kcat -J dump of ``records`` (topic, offset, key, value), all in partition 0 unless ``partitions`` says."""
     lines = []
-    for topic, offset, key, value in records:
+    for index, (topic, offset, key, value) in enumerate(records):
         lines.append(
             orjson.dumps(
                 {
                     "topic": topic,
-                    "partition": 0,
+                    "partition": 0 if partitions is None else partitions[index],
                     "offset": offset,
                     "ts": 1_700_000_000_000,
                     "key": None if key is None else (key if isinstance(key, str) else orjson.dumps(key).decode()),
@@ -181,6 +182,97 @@ def test_type_conflict_can_stop_the_service(lakehouse: Path, tmp_path: Path) -> 
     )
     with pytest.raises(TypeConflictError, match=r"(before|after)\.name"):
         ingest_file(settings, dump, on_type_conflict="fail")
+
+
+def test_a_dump_appended_twice_lands_each_record_once(
+    lakehouse: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offsets must increase within a partition, as Kafka delivers them: a dump appended to itself (``>>``) or a
+    range repeated out of order lands each record once, and the skipped records are reported."""
+    settings = make_settings(lakehouse)
+    dump = tmp_path / "twice.jsonl"
+    lines = PG_DUMP.read_bytes().splitlines(keepends=True)
+    dump.write_bytes(b"".join([*lines, *lines[5:9], *lines]))
+    with caplog.at_level("WARNING", logger="ingest.sources.file"):
+        pipeline = ingest_file(settings, dump, max_records=7)
+    assert pipeline.source.repeated == len(lines) + 4  # type: ignore[attr-defined]
+    assert "offsets must increase within a partition" in caplog.text
+    catalog = load_catalog(settings)
+    landed: dict[str, list[int]] = {}
+    for name in catalog.list_tables("bronze"):
+        for row in catalog.load_table(name).scan().to_arrow().select(["_cdc_topic", "_cdc_offset"]).to_pylist():
+            landed.setdefault(row["_cdc_topic"], []).append(row["_cdc_offset"])
+    for topic, count in topic_counts(PG_DUMP).items():
+        assert sorted(landed[topic]) == list(range(count)), topic
+
+
+def test_a_crash_after_the_dead_letter_commit_keeps_each_record_in_one_table(lakehouse: Path, tmp_path: Path) -> None:
+    """Dead letters commit before the data tables. The process dies in between: on restart the records after the
+    data table's offsets are read again, and one that decoded the first time (its schema elided, typed with the
+    topic's remembered schema) fails now that nothing is remembered. It becomes a dead letter, although it lies
+    below the dead-letter table's offsets; the record already there is not written twice."""
+    from ingest.errors import CommitError
+
+    settings = make_settings(lakehouse)
+    elided = schema_record([ID, NAME], {"id": 4, "name": "d"}, 4)["payload"]  # its Connect schema left out
+    dump = write_dump(
+        tmp_path / "crash.jsonl",
+        [
+            ("p.s.t", 0, key(1), schema_record([ID, NAME], {"id": 1, "name": "a"}, 1)),
+            ("p.s.t", 1, key(2), schema_record([ID, NAME], {"id": 2, "name": "b"}, 2)),
+            ("p.s.t", 2, key(3), schema_record([ID, NAME], {"id": 3, "name": "c"}, 3)),
+            ("p.s.t", 3, key(4), elided),
+            ("p.s.t", 4, key(5), '{"schema": {"type": "struct"'),  # truncated: a dead letter either way
+        ],
+    )
+    pipeline = file_pipeline(settings, dump, max_records=3)  # flushes: offsets 0-2, then 3 and 4
+    commit = pipeline.tables.commit
+    data_commits: list[int] = []
+
+    def dies_after_dead_letters(batch: Any) -> int:
+        if batch.name != DEAD_LETTER_TABLE:
+            data_commits.append(1)
+            if len(data_commits) == 2:
+                raise CommitError("killed between the dead-letter commit and the data table's")
+        return commit(batch)
+
+    pipeline.tables.commit = dies_after_dead_letters  # type: ignore[method-assign]
+    with pytest.raises(CommitError, match="killed"):
+        pipeline.run(once=True)
+    assert [r["_cdc_offset"] for r in rows(settings, "p_s_t")] == [0, 1, 2]
+    assert [r["_cdc_offset"] for r in rows(settings, DEAD_LETTER_TABLE)] == [4]
+    ingest_file(settings, dump)  # the restart: the topic's schema is not remembered for offset 3 now
+    data = sorted(r["_cdc_offset"] for r in rows(settings, "p_s_t"))
+    dead = sorted(r["_cdc_offset"] for r in rows(settings, DEAD_LETTER_TABLE))
+    assert data == [0, 1, 2]
+    assert dead == [3, 4]
+
+
+def test_a_type_conflict_with_a_buffered_record_is_a_dead_letter_after_a_reload(
+    lakehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record typing a new column is buffered; then the table's state is reloaded from the catalog (here: a new
+    partition shows up, as after a rebalance or a commit). A later record giving that column a type it cannot widen
+    to is a dead letter, as it is without the reload: the reload keeps what the buffer holds."""
+    import ingest.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "POLL_BATCH", 1)  # each record is booked before the next is read
+    settings = make_settings(lakehouse)
+    boolean_name = {"type": "boolean", "field": "name", "optional": True}
+    dump = write_dump(
+        tmp_path / "two_partitions.jsonl",
+        [
+            ("p.s.t", 0, key(1), schema_record([ID, NAME], {"id": 1, "name": "a"}, 1)),
+            ("p.s.t", 0, key(2), schema_record([ID, boolean_name], {"id": 2, "name": True}, 2)),
+        ],
+        partitions=[0, 1],
+    )
+    ingest_file(settings, dump)
+    data = load_catalog(settings).load_table("bronze.p_s_t").scan().to_arrow()
+    assert data.select(["_cdc_partition", "_cdc_offset"]).to_pylist() == [{"_cdc_partition": 0, "_cdc_offset": 0}]
+    dead = rows(settings, DEAD_LETTER_TABLE)
+    assert [(r["_cdc_partition"], r["_cdc_offset"]) for r in dead] == [(1, 0)]
+    assert re.search(r"column (before|after)\.name changed type from string to bool", dead[0]["_cdc_error"])
 
 
 def test_bad_input_goes_to_dead_letters_and_the_rest_lands(lakehouse: Path, tmp_path: Path) -> None:

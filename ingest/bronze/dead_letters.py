@@ -2,6 +2,12 @@
 
 Ingest continues past them; `cdclake status` counts them. One table for all topics (``bronze._cdc_dead_letters``),
 committed before the data tables of the same flush so a crash between the two never loses a dead letter.
+
+Its offsets (the greatest per partition) may then lie beyond the data table's. The records in between were each
+either dead-lettered or buffered for the data table when the process died; which one is decided by the table
+itself (:func:`dead_lettered_offsets`), not by the offsets nor by decoding them again, which can come out
+differently after a restart (a topic's remembered Connect schema, the order partitions arrive in). A record is in
+exactly one of the two tables.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ import datetime as dt
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
+from pyiceberg.table import Table
 
 from ingest.bronze.rows import COORDINATE_FIELDS
 from ingest.debezium.envelope import RawRecord
@@ -44,3 +52,19 @@ def dead_letter_row(record: RawRecord, destination: str, error: Exception, inges
         "_cdc_raw_key": record.key,
         "_cdc_raw_value": record.value,
     }
+
+
+def dead_lettered_offsets(table: Table, topic: str, partition: int, low: int, high: int) -> set[int]:
+    """The offsets in ``[low, high)`` of the partition's records that ``table`` (the dead-letter table) holds."""
+    # pyiceberg's predicates are pydantic models: mypy reads their generated signature, not their __init__.
+    equal: Any = EqualTo
+    at_least: Any = GreaterThanOrEqual
+    below: Any = LessThan
+    condition = And(
+        equal("_cdc_topic", topic),
+        equal("_cdc_partition", partition),
+        at_least("_cdc_offset", low),
+        below("_cdc_offset", high),
+    )
+    offsets = table.scan(row_filter=condition, selected_fields=("_cdc_offset",)).to_arrow()["_cdc_offset"]
+    return set(offsets.to_pylist())

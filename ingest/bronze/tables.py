@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ingest.bronze.append import append
 from ingest.bronze.columnar import conform_table, drop_committed
+from ingest.bronze.dead_letters import dead_lettered_offsets
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
 from ingest.errors import CommitError, DecodeError
@@ -86,6 +87,9 @@ def merge_offsets(stored: Offsets, new: Mapping[tuple[str, int], int]) -> Offset
 
 def _tp(row: Mapping[str, object]) -> tuple[str, int]:
     return (row["_cdc_topic"], row["_cdc_partition"])  # type: ignore[return-value]
+
+
+DEAD_LETTER_KIND = "dead_letter"  # TableBatch.kind of the dead-letter table's batches
 
 
 @dataclass
@@ -186,7 +190,7 @@ class BronzeTables:
         stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
         # Rows another writer (a restarted process, the new owner after a rebalance, or a zombie that lost its
         # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
-        rows = [row for row in batch.rows if row["_cdc_offset"] >= stored.get(_tp(row), -1)]  # type: ignore[operator]
+        rows = _unwritten_rows(table, batch, stored)
         data = pa.Table.from_pylist(rows, schema=target)
         if batch.tables:
             parts = [conform_table(part, target) for part in batch.tables]
@@ -219,6 +223,24 @@ class BronzeTables:
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
         log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)
+
+
+def _unwritten_rows(table: Table, batch: TableBatch, stored: Offsets) -> list[dict[str, object]]:
+    """The batch's rows the table does not hold. Beyond the stored offsets, all of them; below, none of a data
+    table's, and the dead letters whose coordinates the dead-letter table does not hold (ingest.bronze.dead_letters:
+    its offsets may be ahead of the records a restart reads again, and a record may fail only now)."""
+    fresh: list[dict[str, object]] = []
+    below: dict[tuple[str, int], list[dict[str, object]]] = {}
+    for row in batch.rows:
+        if row["_cdc_offset"] >= stored.get(_tp(row), -1):  # type: ignore[operator]
+            fresh.append(row)
+        elif batch.kind == DEAD_LETTER_KIND:
+            below.setdefault(_tp(row), []).append(row)
+    for (topic, partition), candidates in below.items():
+        offsets = [int(row["_cdc_offset"]) for row in candidates]  # type: ignore[call-overload]
+        held = dead_lettered_offsets(table, topic, partition, min(offsets), max(offsets) + 1)
+        fresh.extend(row for row, offset in zip(candidates, offsets, strict=True) if offset not in held)
+    return fresh
 
 
 def count_truncates(data: pa.Table) -> int:

@@ -1,6 +1,7 @@
 """Topic dumps in the JSON-lines format of ``kcat -C -J``: for replays, backfills and tests.
 
-Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone.
+Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone. As
+from Kafka, offsets increase within a partition: a record at or below an offset read before is skipped (logged).
 A Kafka key or value may be any bytes: kcat writes bytes that are not UTF-8 into the JSON string as they are, and
 they are read back as the same bytes (so such a record reaches the decoder, and the dead-letter table, unchanged).
 """
@@ -8,6 +9,7 @@ they are read back as the same bytes (so such a record reaches the decoder, and 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -18,6 +20,8 @@ import orjson
 from ingest.debezium.envelope import RawRecord
 from ingest.errors import ConfigError
 from ingest.sources.base import OffsetResolver
+
+log = logging.getLogger(__name__)
 
 
 def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
@@ -76,6 +80,8 @@ class FileSource:
         self._lines: Iterator[tuple[int, bytes]] = iter(())
         self._resolve: OffsetResolver | None = None
         self._positions: dict[tuple[str, int], int | None] = {}
+        self._last_read: dict[tuple[str, int], int] = {}  # the greatest offset read so far per partition
+        self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
 
     def start(self, resolve: OffsetResolver) -> None:
@@ -83,8 +89,26 @@ class FileSource:
         self._handle = self.path.open("rb")
         self._lines = enumerate(self._handle, start=1)
 
-    def _wanted(self, record: RawRecord) -> bool:
+    def _wanted(self, record: RawRecord, where: str) -> bool:
+        """Whether to hand ``record`` over: not below where bronze resumes its partition, and, as from Kafka, at a
+        greater offset than any record of its partition before it (a dump appended twice, or concatenated out of
+        order, would otherwise land those records twice: bronze's offsets only say where a partition resumes)."""
         tp = (record.topic, record.partition)
+        last = self._last_read.get(tp)
+        if last is not None and record.offset <= last:
+            if not self.repeated:
+                log.warning(
+                    "%s: %s[%d] offset %d after offset %d: offsets must increase within a partition; "
+                    "skipping such records (a repeated or reordered range of the dump)",
+                    where,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    last,
+                )
+            self.repeated += 1
+            return False
+        self._last_read[tp] = record.offset
         if tp not in self._positions:
             assert self._resolve is not None
             self._positions[tp] = self._resolve(*tp)
@@ -96,8 +120,9 @@ class FileSource:
         for number, line in self._lines:
             if not line.strip():
                 continue
-            record = parse_line(line, f"{self.path}:{number}")
-            if self._wanted(record):
+            where = f"{self.path}:{number}"
+            record = parse_line(line, where)
+            if self._wanted(record, where):
                 batch.append(record)
                 if len(batch) >= max_records:
                     return batch
@@ -117,5 +142,11 @@ class FileSource:
 
     def close(self) -> None:
         if self._handle is not None:
+            if self.repeated:
+                log.warning(
+                    "%s: skipped %d record(s) whose offsets did not increase within their partition",
+                    self.path,
+                    self.repeated,
+                )
             self._handle.close()
             self._handle = None
