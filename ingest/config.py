@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote
 
 import yaml
 from pydantic import (
@@ -47,7 +48,9 @@ class LakehouseSettings(_Section):
     catalog_uri: SecretStr = Field(
         default=SecretStr("sqlite:///lakehouse/catalog.db"),
         description="pyiceberg SQL-catalog URI (SQLAlchemy form): sqlite:////abs/catalog.db or "
-        "postgresql+psycopg2://user:password@host:5432/db. Spark gets the JDBC equivalent.",
+        "postgresql+psycopg2://user:password@host:5432/db. Spark gets the JDBC equivalent, with the "
+        "connection parameters (?sslmode=, sslrootcert=, options=, ...) translated; one it cannot translate "
+        "is an error.",
     )
     catalog_name: str = Field(
         default="lake",
@@ -254,11 +257,24 @@ def _apply_env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[s
             raise ConfigError(f"{name}: {section.lower()} is not a section")
         for key in path[:-1]:
             node = node.setdefault(key.lower(), {})
-        last = path[-1]
-        # The librdkafka map keeps dotted keys; environment names cannot hold dots.
-        last = last.lower().replace("_", ".") if path[:-1] == ["CONSUMER"] else last.lower()
-        node[last] = yaml.safe_load(value) if value.strip()[:1] in "[{" else value
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {key.lower()} is not a section")
+        # The librdkafka map keeps dotted keys (environment names cannot hold dots); its values are strings.
+        librdkafka = section.lower() == "source" and [key.lower() for key in path[:-1]] == ["consumer"]
+        last = path[-1].lower().replace("_", ".") if librdkafka else path[-1].lower()
+        node[last] = value if librdkafka or SECRET_KEY_PATTERN.search(last) else _env_value(name, value)
     return raw
+
+
+def _env_value(name: str, value: str) -> Any:
+    """An override's value: a YAML list or mapping when it starts like one (``[a, b]``), else the text as it is.
+    The error names the variable only: its value may be a secret."""
+    if value.strip()[:1] not in ("[", "{"):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"{name}: starts like a YAML list or mapping but is not valid YAML") from None
 
 
 def find_config_file(
@@ -313,7 +329,8 @@ def redact(text: str, settings: Settings) -> str:
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
     uri_password = re.search(r"://[^:/@]+:([^@]+)@", settings.lakehouse.catalog_uri.get_secret_value())
     if uri_password:
-        secrets.append(uri_password.group(1))
+        # As written in the URI, and as the drivers use it (percent-decoded).
+        secrets.extend({uri_password.group(1), unquote(uri_password.group(1))})
     for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text

@@ -10,8 +10,9 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from ingest.config import Settings
 from ingest.errors import ConfigError, SetupError
@@ -94,8 +95,7 @@ def jdbc_catalog_conf(settings: Settings) -> dict[str, str]:
     if backend == "sqlite":
         conf[f"{prefix}.uri"] = f"jdbc:sqlite:{url.database}"
     elif backend == "postgresql":
-        port = f":{url.port}" if url.port else ""
-        conf[f"{prefix}.uri"] = f"jdbc:postgresql://{url.host or 'localhost'}{port}/{url.database}"
+        conf[f"{prefix}.uri"] = _postgres_jdbc_url(url, overridden=f"{prefix}.uri" in settings.spark.conf)
         if url.username:
             conf[f"{prefix}.jdbc.user"] = url.username
         if url.password:
@@ -103,6 +103,44 @@ def jdbc_catalog_conf(settings: Settings) -> dict[str, str]:
     else:
         raise ConfigError(f"lakehouse.catalog_uri: backend {backend!r} is not supported (use sqlite or postgresql)")
     return conf
+
+
+# libpq connection parameters (as in a psycopg2 URI's query) and their PostgreSQL JDBC driver names.
+_JDBC_PARAMETERS = {
+    "sslmode": "sslmode",
+    "sslrootcert": "sslrootcert",
+    "sslcert": "sslcert",
+    "sslkey": "sslkey",
+    "sslpassword": "sslpassword",
+    "options": "options",
+    "application_name": "ApplicationName",
+    "connect_timeout": "connectTimeout",
+}
+
+
+def _postgres_jdbc_url(url: URL, overridden: bool) -> str:
+    """The JDBC URL of the catalog database pyiceberg reaches through ``url``, connection parameters included (TLS,
+    search_path): Spark must reach the same catalog the same way. A parameter without a JDBC equivalent fails,
+    naming it, unless spark.conf sets the catalog's uri itself (``overridden``)."""
+    host = url.host or "localhost"
+    if ":" in host:
+        host = f"[{host}]"  # IPv6
+    port = f":{url.port}" if url.port else ""
+    parameters: list[tuple[str, str]] = []
+    for name, value in url.query.items():
+        values = [value] if isinstance(value, str) else list(value)
+        jdbc_name = _JDBC_PARAMETERS.get(name)
+        if jdbc_name is None or len(values) != 1:
+            if overridden:
+                continue
+            raise ConfigError(
+                f"lakehouse.catalog_uri: the connection parameter {name!r} has no PostgreSQL JDBC equivalent cdclake "
+                f"knows (it translates {', '.join(sorted(_JDBC_PARAMETERS))}); Spark would reach the catalog "
+                "without it. Set Spark's own URL under spark.conf: spark.sql.catalog.<catalog_name>.uri"
+            )
+        parameters.append((jdbc_name, values[0]))
+    query = f"?{urlencode(parameters)}" if parameters else ""
+    return f"jdbc:postgresql://{host}{port}/{url.database}{query}"
 
 
 def read_spark_defaults(path: Path) -> dict[str, str]:

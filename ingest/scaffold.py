@@ -1,7 +1,9 @@
 """`cdclake scaffold`: a silver model (SQL + YAML) for each bronze table that has none, and the bronze sources.
 
-Generated files carry a checksum of their content in the first line. A file whose content no longer matches
-its checksum was edited by a person and is never overwritten; one that still matches may be regenerated.
+A table has a model when a ``<table>.sql`` exists anywhere under the project's ``models/`` (moved, edited or not):
+scaffold never writes it again. The sources file carries a checksum of its content in its first line; while it
+matches, scaffold regenerates the file with every bronze table. Once a person edited it, it is never overwritten,
+and a new table it does not declare gets no model (it would not compile): scaffold says so.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class ScaffoldReport:
     written: list[Path] = field(default_factory=list)
     kept: list[Path] = field(default_factory=list)  # edited by a person, left alone
     skipped: dict[str, str] = field(default_factory=dict)  # table -> reason
+    existing: list[str] = field(default_factory=list)  # tables that have a model already
 
 
 def _checksum(body: str) -> str:
@@ -157,6 +160,24 @@ def table_keys(tables: BronzeTables, name: str) -> tuple[list[str] | None, str |
     return [field.name for field in key_type.fields], topic, ""  # type: ignore[attr-defined]
 
 
+def declared_sources(models: Path, namespace: str) -> set[str]:
+    """The tables of source ``namespace`` that the YAML files under ``models`` declare."""
+    declared: set[str] = set()
+    for path in sorted([*models.rglob("*.yml"), *models.rglob("*.yaml")]):
+        try:
+            document = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue  # dbt reports it; it declares nothing scaffold can rely on
+        sources = document.get("sources") if isinstance(document, dict) else None
+        for source in sources if isinstance(sources, list) else []:
+            if isinstance(source, dict) and source.get("name") == namespace:
+                tables = source.get("tables")
+                for table in tables if isinstance(tables, list) else []:
+                    if isinstance(table, dict) and isinstance(table.get("name"), str):
+                        declared.add(table["name"])
+    return declared
+
+
 def scaffold(
     tables: BronzeTables, project_dir: Path, select: str | None = None, history: History = "current"
 ) -> ScaffoldReport:
@@ -164,14 +185,21 @@ def scaffold(
     names = [name for name in tables.list_tables() if name != DEAD_LETTER_TABLE]
     models = project_dir / "models" / "silver"
     namespace = tables.namespace
-    _write(
-        models / f"_{namespace}_sources.yml",
-        yaml.safe_dump(sources_yaml(names, namespace), sort_keys=False),
-        "#",
-        report,
-    )
+    sources = models / f"_{namespace}_sources.yml"
+    _write(sources, yaml.safe_dump(sources_yaml(names, namespace), sort_keys=False), "#", report)
+    modelled = {path.stem for path in (project_dir / "models").rglob("*.sql")}
+    declared = declared_sources(project_dir / "models", namespace)
     for name in names:
         if select and not fnmatch.fnmatch(name, select):
+            continue
+        if name in modelled:
+            report.existing.append(name)
+            continue
+        if name not in declared:
+            report.skipped[name] = (
+                f"not a source in {sources}, which you edited: add it under the {namespace!r} source's tables "
+                "(or delete the file to have scaffold write it again), then scaffold again"
+            )
             continue
         keys, topic, reason = table_keys(tables, name)
         if keys is None:

@@ -51,8 +51,10 @@ Relative paths in the file are resolved against the file's folder (without a fil
 **Environment overrides.** `{ENV_PREFIX}<SECTION>__<KEY>` sets a key and wins over the file, e.g.
 `{ENV_PREFIX}SOURCE__BOOTSTRAP_SERVERS=kafka:9092` or `{ENV_PREFIX}INGEST__METRICS_PORT=9108`; after the prefix,
 names are case-insensitive. A value starting with `[` or `{{` is read as YAML, so lists and maps can be given whole
-(`{ENV_PREFIX}SOURCE__TOPICS='[a, b]'`). Inside the librdkafka map `source.consumer`, `_` in the key stands for `.`:
-`{ENV_PREFIX}SOURCE__CONSUMER__SASL_PASSWORD` sets `sasl.password`.
+(`{ENV_PREFIX}SOURCE__TOPICS='[a, b]'`; one that is not valid YAML is an error naming the variable, not its value).
+Inside the librdkafka map `source.consumer`, `_` in the key stands for `.`:
+`{ENV_PREFIX}SOURCE__CONSUMER__SASL_PASSWORD` sets `sasl.password`; its values, and those of any key that names a
+secret (password, secret, token, ...), are taken as written, whatever they start with.
 
 **`${{VAR}}` references.** Any string value in the file may contain `${{VAR}}`; it is replaced by that environment
 variable when the file is loaded (values of overrides are taken as they are), and an unset variable is an error.

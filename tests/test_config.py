@@ -110,3 +110,54 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
     path = write(tmp_path, "lakehouse:\n  warehouse: lh/wh\n")
     settings = load_settings(path, environ={})
     assert settings.resolve(settings.lakehouse.warehouse) == (tmp_path / "lh" / "wh").resolve()
+
+
+def test_env_values_that_look_like_yaml(tmp_path: Path) -> None:
+    """A list in an override is YAML (`[x, y]`); a librdkafka setting or a secret is taken as written, even when it
+    starts with `{` or `[`; an override that starts like YAML but is not fails naming the variable, never its value
+    (which may be a secret); an empty value stays empty."""
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n")
+    env = {
+        "CDCLAKE__SOURCE__CONSUMER__SASL_PASSWORD": "{S3cr3t-pw",
+        "CDCLAKE__SOURCE__CONSUMER__CLIENT_ID": "[cdclake]",
+        "CDCLAKE__SOURCE__GROUP_ID": "",
+    }
+    source = load_settings(path, environ=env).require_source()
+    assert source.consumer_config() == {"sasl.password": "{S3cr3t-pw", "client.id": "[cdclake]"}
+    assert source.group_id == ""
+    with pytest.raises(ConfigError, match=r"^CDCLAKE__SOURCE__TOPICS: starts like a YAML list") as failure:
+        load_settings(path, environ={"CDCLAKE__SOURCE__TOPICS": "[a, {S3cr3t"})
+    assert "S3cr3t" not in str(failure.value)
+
+
+def test_env_names_are_case_insensitive_for_librdkafka_settings_too(tmp_path: Path) -> None:
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n")
+    env = {"CDCLAKE__source__consumer__sasl_username": "u", "CDCLAKE__SOURCE__Consumer__Security_Protocol": "SSL"}
+    source = load_settings(path, environ=env).require_source()
+    assert source.consumer_config() == {"sasl.username": "u", "security.protocol": "SSL"}
+
+
+def test_the_spark_catalog_url_keeps_the_connection_parameters(tmp_path: Path) -> None:
+    """Spark reaches the PostgreSQL catalog as pyiceberg does: TLS and search_path settings and an IPv6 host carry
+    over to the JDBC URL; a parameter without a JDBC equivalent fails naming it (unless spark.conf sets the URL);
+    the password is redacted as written and as the drivers use it (percent-decoded)."""
+    from ingest.lakehouse import jdbc_catalog_conf, spark_conf
+
+    uri = (
+        "postgresql+psycopg2://iceberg:p%40ss-word@[fd00::5]:5432/iceberg"
+        "?sslmode=verify-full&sslrootcert=/etc/ca.pem&options=-csearch_path%3Dcatalog"
+    )
+    settings = load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{uri}'\n"), environ={})
+    conf = jdbc_catalog_conf(settings)
+    assert conf["spark.sql.catalog.lake.uri"] == (
+        "jdbc:postgresql://[fd00::5]:5432/iceberg"
+        "?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&options=-csearch_path%3Dcatalog"
+    )
+    assert conf["spark.sql.catalog.lake.jdbc.password"] == "p@ss-word"
+    assert redact("p@ss-word p%40ss-word", settings) == "*** ***"
+    socket = "postgresql+psycopg2://iceberg@/iceberg?host=/var/run/postgresql"
+    with pytest.raises(ConfigError, match=r"lakehouse\.catalog_uri: the connection parameter 'host'"):
+        jdbc_catalog_conf(load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{socket}'\n"), environ={}))
+    own = "spark:\n  conf:\n    spark.sql.catalog.lake.uri: jdbc:postgresql://pg-proxy:5432/iceberg\n"
+    settings = load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{socket}'\n{own}"), environ={})
+    assert spark_conf(settings)["spark.sql.catalog.lake.uri"] == "jdbc:postgresql://pg-proxy:5432/iceberg"

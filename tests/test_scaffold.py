@@ -48,8 +48,56 @@ def test_scaffold_writes_models_and_respects_edits(lakehouse: Path, tmp_path: Pa
     edited.write_text(edited.read_text() + "where op is not null\n")
     assert not is_unedited(edited)
     again = scaffold(tables, project)
-    assert edited in again.kept
+    assert "dbserver1_inventory_customers" in again.existing
+    assert again.written == []
     assert "where op is not null" in edited.read_text()
+
+
+def test_a_table_with_a_model_is_never_scaffolded_again(lakehouse: Path, tmp_path: Path) -> None:
+    """Unedited, moved to another folder, or of another history: a model that exists is the user's. (Before,
+    an unedited model was rewritten with the run's --history, and the next dbt build asked for --full-refresh;
+    a moved one was written again, and dbt found two models of one name.)"""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    models = project / "models" / "silver"
+    scaffold(tables, project, select="*customers", history="scd2")
+    history = models / "dbserver1_inventory_customers.sql"
+    before = history.read_text()
+    report = scaffold(tables, project)  # history 'current', every table
+    assert history.read_text() == before
+    assert "history='scd2'" in before
+    assert report.existing == ["dbserver1_inventory_customers"]
+    moved = models / "sales" / "dbserver1_inventory_typed_values.sql"
+    moved.parent.mkdir()
+    (models / "dbserver1_inventory_typed_values.sql").rename(moved)
+    assert scaffold(tables, project).written == []
+    assert not (models / "dbserver1_inventory_typed_values.sql").exists()
+
+
+def test_a_new_table_missing_from_an_edited_sources_file_is_reported(lakehouse: Path, tmp_path: Path) -> None:
+    """The user edited the generated sources file (freshness, descriptions): scaffold keeps it, and a new bronze
+    table it does not declare gets no model (source() would not compile) but a message saying what to do."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    scaffold(tables, project)
+    sources = project / "models" / "silver" / "_bronze_sources.yml"
+    sources.write_text(sources.read_text() + "# freshness: checked hourly\n")
+    tables = land(lakehouse, FIXTURES / "debezium" / "seeds" / "informix.jsonl")
+    report = scaffold(tables, project)
+    assert sources in report.kept
+    new = sorted(set(tables.list_tables()) - declared(sources))
+    assert new
+    for name in new:
+        if name in report.skipped:
+            assert "not a source in" in report.skipped[name]
+        assert not (project / "models" / "silver" / f"{name}.sql").exists()
+    assert any("not a source in" in reason for reason in report.skipped.values())
+
+
+def declared(sources: Path) -> set[str]:
+    from ingest.scaffold import declared_sources
+
+    return declared_sources(sources.parent, "bronze")
 
 
 def test_scaffold_select_pattern(lakehouse: Path, tmp_path: Path) -> None:

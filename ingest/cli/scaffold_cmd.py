@@ -18,7 +18,7 @@ from ingest.cli.common import settings_from
 )
 @click.pass_context
 def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
-    """Write models/silver/<table>.sql and .yml for each bronze table (never overwriting an edited file)."""
+    """Write models/silver/<table>.sql and .yml for each bronze table that has no model (never overwriting a file)."""
     from ingest.bronze.tables import BronzeTables
     from ingest.dbt_runner import project_dir
     from ingest.lakehouse import load_catalog
@@ -33,6 +33,8 @@ def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
         click.echo(f"kept  {path} (edited by you)")
     for table, reason in sorted(report.skipped.items()):
         click.secho(f"skipped {table}: {reason}", fg="yellow", err=True)
+    if report.existing and (report.written or report.skipped):
+        click.echo(f"{len(report.existing)} table(s) have a model already (delete one to have it written again)")
     if not report.written and not report.kept and not report.skipped:
         click.echo("nothing to scaffold: every bronze table has its silver model")
     return 0
