@@ -14,7 +14,7 @@ from urllib.parse import urlencode
 
 from sqlalchemy.engine import URL, make_url
 
-from ingest.config import Settings
+from ingest.config import SECRET_KEY_PATTERN, Settings
 from ingest.errors import ConfigError, SetupError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -168,4 +168,6 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def secret_spark_keys(conf: dict[str, str]) -> set[str]:
-    return {key for key in conf if key.endswith(".password")}
+    """The settings that hold a secret: the catalog's JDBC password, and any whose name says so (e.g.
+    ``spark.hadoop.fs.s3a.secret.key``): files cdclake writes reference them (``secret_env_name``), never hold them."""
+    return {key for key in conf if key.endswith(".password") or SECRET_KEY_PATTERN.search(key)}

@@ -71,8 +71,11 @@ source:
 **Secrets.** `lakehouse.catalog_uri` and the values of `source.consumer` are secret strings: they are never printed
 by `cdclake`, and the catalog password and any consumer setting named like a password, secret, token, credential
 or private key are removed from log and error messages. The dbt profile that `cdclake dbt` writes does not contain
-the catalog password but refers to it as `env_var('{PASSWORD_ENV}')`, which `cdclake dbt` sets. A password
-inside a URI must be percent-encoded if it contains `@ : / ? #`.
+the catalog password but refers to it as `env_var('{PASSWORD_ENV}')`, and any other Spark setting named like a
+secret (`spark.hadoop.fs.s3a.secret.key`) as `env_var('CDCLAKE_SECRET_<SETTING>')`
+(`CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY`), which `cdclake dbt` sets (`cdclake dbt-profile` names them, for
+plain `dbt`); the file is readable by its owner only. A password inside a URI must be percent-encoded if it
+contains `@ : / ? #`.
 
 Keys marked *(secret)* hold secret strings. Types follow the YAML: a *map* is a mapping, a *list* a sequence.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ingest.config import load_settings, redact
 from ingest.errors import ConfigError
@@ -161,3 +162,32 @@ def test_the_spark_catalog_url_keeps_the_connection_parameters(tmp_path: Path) -
     own = "spark:\n  conf:\n    spark.sql.catalog.lake.uri: jdbc:postgresql://pg-proxy:5432/iceberg\n"
     settings = load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{socket}'\n{own}"), environ={})
     assert spark_conf(settings)["spark.sql.catalog.lake.uri"] == "jdbc:postgresql://pg-proxy:5432/iceberg"
+
+
+def test_the_dbt_profile_references_every_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generated dbt profile holds no secret Spark setting (the catalog's password, an S3 secret key), only
+    env_var() references that `cdclake dbt` sets; the file is readable by its owner only."""
+    import ingest.dbt_runner as dbt_runner
+
+    text = """
+lakehouse:
+  catalog_uri: postgresql+psycopg2://iceberg:pg-secret-1@db:5432/iceberg
+spark:
+  conf:
+    spark.hadoop.fs.s3a.access.key: AKIAEXAMPLE
+    spark.hadoop.fs.s3a.secret.key: s3-secret-2
+"""
+    settings = load_settings(write(tmp_path, text), environ={})
+    monkeypatch.setattr(dbt_runner, "profiles_dir", lambda: tmp_path / "dbt")
+    written = dbt_runner.write_profile(settings).read_text()
+    assert "pg-secret-1" not in written
+    assert "s3-secret-2" not in written
+    parameters = yaml.safe_load(written)["cdclake"]["outputs"]["session"]["server_side_parameters"]
+    assert parameters["spark.sql.catalog.lake.jdbc.password"] == "{{ env_var('CDCLAKE_CATALOG_PASSWORD') }}"
+    secret = "{{ env_var('CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY') }}"
+    assert parameters["spark.hadoop.fs.s3a.secret.key"] == secret
+    assert parameters["spark.hadoop.fs.s3a.access.key"] == "AKIAEXAMPLE"  # an access key id is not a secret
+    assert (tmp_path / "dbt" / "profiles.yml").stat().st_mode & 0o077 == 0
+    environment = dbt_runner.dbt_environment(settings)
+    assert environment["CDCLAKE_CATALOG_PASSWORD"] == "pg-secret-1"
+    assert environment["CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY"] == "s3-secret-2"

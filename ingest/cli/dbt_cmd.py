@@ -21,7 +21,11 @@ def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
 @click.pass_context
 def dbt_profile(ctx: click.Context) -> int:
     """Write the dbt profile (for plain `dbt ... --profiles-dir`) and print where it is."""
-    from ingest.dbt_runner import write_profile
+    from ingest.dbt_runner import secret_environment, write_profile
 
-    click.echo(str(write_profile(settings_from(ctx)).parent))
+    settings = settings_from(ctx)
+    click.echo(str(write_profile(settings).parent))
+    names = sorted(secret_environment(settings))
+    if names:
+        click.echo(f"plain dbt reads the secrets from the environment: set {', '.join(names)}", err=True)
     return 0
