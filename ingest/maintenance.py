@@ -35,6 +35,7 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from ingest.bronze.tables import OFFSETS_PROPERTY, Offsets, decode_offsets
 from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
+from ingest.errors import ConfigError
 
 Layer = Literal["bronze", "silver"]
 LAYERS: tuple[Layer, ...] = ("bronze", "silver")
@@ -226,11 +227,15 @@ def plan_maintenance(
     lake = settings.lakehouse
     protected = silver_positions(catalog, lake.silver_namespace) if maintenance.keep_silver_position else {}
     plans: list[TablePlan] = []
+    found: set[str] = set()
+    listed: list[str] = []
     for layer in layers:
         namespace = lake.bronze_namespace if layer == "bronze" else lake.silver_namespace
         names = _list_tables(catalog, namespace)
+        listed.extend(f"{namespace}.{name}" for name in names)
         if tables:
             names = [name for name in names if name in set(tables)]
+            found.update(names)
         for name in names:
             plan = plan_table(
                 catalog,
@@ -244,6 +249,12 @@ def plan_maintenance(
             )
             if plan is not None:
                 plans.append(plan)
+    unknown = sorted(set(tables or ()) - found)
+    if unknown:
+        raise ConfigError(
+            f"--table {', '.join(unknown)}: no such table in {', '.join(layers)} "
+            f"(tables: {', '.join(listed) or 'none'}; names are without the namespace)"
+        )
     return plans
 
 

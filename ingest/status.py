@@ -29,6 +29,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
+from ingest.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -364,6 +365,12 @@ def collect_status(
     lake = settings.lakehouse
     names = [name for name in _list_tables(catalog, lake.bronze_namespace) if name != DEAD_LETTER_TABLE]
     if tables:
+        unknown = sorted(set(tables) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"no bronze table {', '.join(unknown)} in {lake.catalog_name}.{lake.bronze_namespace} "
+                f"(it has {', '.join(names) or 'none'}; names are without the namespace)"
+            )
         wanted = set(tables)
         names = [name for name in names if name in wanted]
     destinations = None if not tables else [f"{lake.bronze_namespace}.{name}" for name in tables]

@@ -260,6 +260,31 @@ def test_status_json_reports_rows_offsets_dead_letters_and_silver(landed: Settin
     assert [t["name"] for t in only["tables"]] == [CUSTOMERS]
 
 
+def test_a_table_name_that_does_not_exist_is_an_error(
+    landed: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status TABLE` and `maintain --table TABLE` with a name that is not a table (a typo, the namespace left in)
+    fail naming it, exit code 2, instead of showing or doing nothing."""
+    from ingest.cli import main
+
+    config = str(Path(landed.base_dir) / "cdclake.yml")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        for args, wrong in (
+            (["status", "--no-lag", "bronze.customers"], "bronze.customers"),
+            (["maintain", "--dry-run", "--table", "custmers"], "custmers"),
+        ):
+            monkeypatch.setattr("sys.argv", ["cdclake", "--config", config, *args])
+            with pytest.raises(SystemExit) as failure:
+                main()
+            assert failure.value.code == 2, args
+            assert wrong in capsys.readouterr().err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
 def test_status_exits_3_when_bronze_is_stale_or_silver_behind_too_long(landed: Settings) -> None:
     settings = landed
     config = str(Path(settings.base_dir) / "cdclake.yml")
