@@ -35,19 +35,16 @@
   {%- set after_type = types.get('after', '') -%}
   {%- set typed_key = key_type.startswith('struct') -%}
   {%- set document = not after_type.startswith('struct') -%}
+  {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if typed_key else [] -%}
   {%- set keys = config.get('keys') -%}
   {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if not keys -%}
-    {%- set keys = cdclake.struct_field_names(bronze, 'key') if typed_key else [] -%}
+    {%- set keys = key_fields -%}
   {%- endif -%}
   {%- if not keys -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': bronze table " ~ bronze ~ " has no key (the source table has no primary key, or records carry no key schema); name the key columns with config(keys=[...])") }}
   {%- endif -%}
-  {%- set key_exprs = {} -%}
-  {%- for key in keys -%}
-    {%- if typed_key -%}{% do key_exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
-    {%- else -%}{% do key_exprs.update({key: cdclake.json_key_expr(key)}) %}{%- endif -%}
-  {%- endfor -%}
+  {%- set key_exprs = cdclake.key_expressions(bronze, keys, types, key_fields) -%}
   {%- set image_columns = [] -%}
   {%- if not document -%}
     {%- set include = config.get('columns') -%}
@@ -65,9 +62,12 @@
   {%- endfor -%}
   {%- set source_type = types.get('source', '') -%}
   {%- set source_ts_expr = 'timestamp_millis(source.ts_ms)' if source_type.startswith('struct') else "timestamp_millis(cast(get_json_object(source, '$.ts_ms') as bigint))" -%}
+  {#- What the layout is made of: a run whose signature silver's properties hold needs no schema check. -#}
+  {%- set signature = local_md5(tojson([types, input_sql, keys, config.get('columns'), config.get('exclude_columns')])) -%}
   {{ return({
       'key_columns': keys, 'key_exprs': key_exprs, 'document': document, 'image_columns': image_columns,
-      'image_expr': 'after', 'extra_columns': extra_columns, 'source_ts_expr': source_ts_expr}) }}
+      'image_expr': 'after', 'extra_columns': extra_columns, 'source_ts_expr': source_ts_expr,
+      'signature': signature}) }}
 {%- endmacro %}
 
 
@@ -153,7 +153,45 @@
 {%- endmacro %}
 
 
-{#- A key field of a schemaless (JSON text) Debezium key, as a string. -#}
-{% macro json_key_expr(name) -%}
-  get_json_object(key, '$.{{ name | replace("\\", "\\\\") | replace("'", "\\'") }}')
+{#-
+  How each key column is read from a bronze row (every use of a key: net effect, tombstones, folding, history and
+  the generic tests). From the Kafka key when it carries the field: a primary key, MongoDB's id. Otherwise from the
+  change's image, `after`, or `before` for a delete: a source table without a primary key has a null Kafka key
+  (typed bronze then has no `key` column), and the model names its keys. A delete whose `before` is null too
+  (PostgreSQL without REPLICA IDENTITY FULL) has a null key. A typed key's fields are known now; a schemaless
+  key (JSON text) is known only per row, so its field comes first and the images fill in where it has none.
+-#}
+{% macro key_expressions(bronze, keys, types, key_fields=none) -%}
+  {%- if key_fields is none -%}
+    {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if types.get('key', '').startswith('struct') else [] -%}
+  {%- endif -%}
+  {%- set key_fields = key_fields | map('lower') | list -%}
+  {#- The images' fields (lowercase; none for JSON text), looked up only when a key is not in the Kafka key. -#}
+  {%- set image_fields = {} -%}
+  {%- for image in ['after', 'before'] if image in types and keys | map('lower') | reject('in', key_fields) | list -%}
+    {% do image_fields.update({image: cdclake.struct_field_names(bronze, image) | map('lower') | list if types[image].startswith('struct') else none}) %}
+  {%- endfor -%}
+  {%- set exprs = {} -%}
+  {%- for key in keys -%}
+    {%- if key | lower in key_fields -%}
+      {% do exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
+    {%- else -%}
+      {%- set parts = [cdclake.json_key_expr(key)] if 'key' in types and not types['key'].startswith('struct') else [] -%}
+      {%- for image, fields in image_fields.items() -%}
+        {%- if fields is none %}{% do parts.append(cdclake.json_key_expr(key, image)) %}
+        {%- elif key | lower in fields %}{% do parts.append(image ~ '.' ~ cdclake.quote(key)) %}{% endif -%}
+      {%- endfor -%}
+      {%- if not parts -%}
+        {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': key column '" ~ key ~ "' is neither a field of the Kafka key nor of the change images (after/before) in " ~ bronze) }}
+      {%- endif -%}
+      {% do exprs.update({key: parts[0] if parts | length == 1 else 'coalesce(' ~ parts | join(', ') ~ ')'}) %}
+    {%- endif -%}
+  {%- endfor -%}
+  {{ return(exprs) }}
+{%- endmacro %}
+
+
+{#- A field of a schemaless (JSON text) column (the Debezium key, or an image), as a string. -#}
+{% macro json_key_expr(name, column='key') -%}
+  get_json_object({{ column }}, '$.{{ name | replace("\\", "\\\\") | replace("'", "\\'") }}')
 {%- endmacro %}

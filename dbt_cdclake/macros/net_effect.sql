@@ -36,6 +36,9 @@
 {#-
   The winners of a unit of work: one row per key, the latest change. Tombstone records (op null) carry nothing
   for silver: the delete event before them already says it all. Truncates are handled by the materialization.
+  With `layout.keep_deleted_images` (soft deletes), a winning delete carries the image (and extracted columns) of
+  its key's latest change that is not a delete, and `_cdc_has_image` says whether the input held one: a
+  soft-deleted row keeps the values its key had, however the changes were split into units of work.
 -#}
 {% macro net_effect_sql(input_sql, layout) -%}
   {{ return(adapter.dispatch('net_effect_sql', 'cdclake')(input_sql, layout)) }}
@@ -58,15 +61,37 @@ with changes as (
   from ({{ input_sql }}) bronze_input
   where op in ('c', 'u', 'd', 'r')
 ),
+{%- set partition -%}
+  partition by {% for key in layout.key_columns %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  order by _cdc_order desc, {{ cdclake.op_rank('_cdc_op') }} desc, _cdc_offset desc
+{%- endset -%}
+{%- set keep = layout.get('keep_deleted_images', false) -%}
 ranked as (
   select *,
-    row_number() over (
-      partition by {% for key in layout.key_columns %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
-      order by _cdc_order desc, {{ cdclake.op_rank('_cdc_op') }} desc, _cdc_offset desc
-    ) as _cdc_rank
+    row_number() over ({{ partition }}) as _cdc_rank
+    {%- if keep %},
+    first_value(case when _cdc_op <> 'd' then named_struct('image', _cdc_image
+      {%- for column in layout.extra_columns %}, 'x{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}) end, true)
+      over ({{ partition }} rows between unbounded preceding and unbounded following) as _cdc_prior
+    {%- endif %}
   from changes
 )
+{%- if keep %}
+select
+  {%- for key in layout.key_columns %}
+  {{ cdclake.quote(key) }},
+  {%- endfor %}
+  _cdc_order, _cdc_op, _cdc_offset, _cdc_source_ts,
+  {%- for column in layout.extra_columns %}
+  case when _cdc_op = 'd' then _cdc_prior.x{{ loop.index }} else {{ cdclake.quote(column) }} end as {{ cdclake.quote(column) }},
+  {%- endfor %}
+  case when _cdc_op = 'd' then _cdc_prior.image else _cdc_image end as _cdc_image,
+  _cdc_op <> 'd' or _cdc_prior is not null as _cdc_has_image,
+  _cdc_rank
+from ranked where _cdc_rank = 1
+{%- else %}
 select * from ranked where _cdc_rank = 1
+{%- endif %}
 {%- endmacro %}
 
 

@@ -11,7 +11,8 @@
 
   Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept), batch_catalog,
   ignore_null_updates (partial images: a null in an update keeps the key's previous value), tombstone_horizon_days,
-  history ('current', default | 'scd2': one row per version of each key, see scd2.sql).
+  history ('current', default | 'scd2': one row per version of each key, see scd2.sql), on_schema_change
+  ('append_new_columns', default | 'ignore' | 'fail': columns the source added, see evolve_silver_schema).
 
   Partial images (ignore_null_updates; MongoDB updates without a full document) are folded onto the key's previous
   image before net effect (partial_images.sql), so every path below sees full images.
@@ -52,6 +53,8 @@
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
   {%- endif -%}
   {%- set bronze = cdclake.bronze_relation() -%}
+  {%- set horizon = config.get('tombstone_horizon_days') -%}
+  {%- set inserts_rows = false -%}
 
   {{ run_hooks(pre_hooks) }}
 
@@ -82,12 +85,13 @@
   {%- elif history == 'scd2' -%}
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
+    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
-    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "')") %}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
   {%- else -%}
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
@@ -95,8 +99,12 @@
         bronze column (docs/silver.md). -#}
     {%- set incremental = start is not none -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
+    {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
+    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
     {%- set input_sql = sql | replace(bronze | string, folded) -%}
+    {#- A soft-deleted row keeps its key's last values (net_effect_sql; without one in the unit: silver's). -#}
+    {%- if delete_mode == 'soft' %}{% do layout.update({'keep_deleted_images': true}) %}{% endif -%}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
         and in every later one (a late change from before a truncate must not bring its row back). -#}
     {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
@@ -163,6 +171,10 @@
         {%- set staged = target ~ '.branch_' ~ branch -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
         {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
+        {%- if horizon is not none and delete_mode == 'soft' -%}
+          {#- On the branch too: main moves once per run. -#}
+          {% do run_query(cdclake.soft_delete_purge_sql(staged, horizon)) %}
+        {%- endif -%}
         {%- call statement('main') -%}
           call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
         {%- endcall -%}
@@ -181,7 +193,7 @@
       {%- endif -%}
     {%- endif -%}
     {% do cdclake.drop_folded_images(folded) %}
-    {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'"] -%}
+    {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties)] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
     {%- if batch_schema is defined and batch_schema != previous_batch_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ batch_schema ~ "'") %}{% endif -%}
@@ -191,11 +203,12 @@
     {%- if batch_schemas is defined -%}
       {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
     {%- endif -%}
-    {%- set horizon = config.get('tombstone_horizon_days') -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
-    {%- elif horizon is not none -%}
-      {% do run_query('delete from ' ~ target ~ ' where _cdc_deleted and _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
+    {%- elif horizon is not none and existing is not none and not inserts_rows -%}
+      {#- A run that staged a branch purged there, and a first build has nothing past the horizon; otherwise this
+          is the run's only step of main (or its second, after a DELETE-only unit: a truncate). -#}
+      {% do run_query(cdclake.soft_delete_purge_sql(target, horizon)) %}
     {%- endif -%}
   {%- endif -%}
 
@@ -217,6 +230,133 @@
   'write.merge.mode' = 'merge-on-read',
   'write.delete.distribution-mode' = 'none',
   'write.parquet.compression-codec' = 'zstd'
+{%- endmacro %}
+
+
+{#-
+  Schema changes (docs/silver.md, "Schema changes"). When the source adds a column, `cdclake ingest` adds it to
+  bronze's images, and the layout names it; silver (a history table too) does not have it yet. Per dbt's
+  `on_schema_change` (cdc_silver's default: 'append_new_columns', as Debezium's JDBC sink does; 'sync_all_columns'
+  is the same, since bronze never drops a column): silver gets the data columns it lacks (its rows hold NULL
+  there) and its columns whose type bronze widened are widened (int -> bigint, float -> double, decimal
+  precision); 'fail' stops the run naming them; 'ignore' leaves silver as it is and applies only the columns it
+  has. Called before anything of the run is written, and compares with silver as it is: a retried run finds the
+  columns a failed one added. Returns the layout to apply.
+-#}
+{% macro evolve_silver_schema(target, tombstones, layout, input_sql, delete_mode, properties) -%}
+  {#- dbt gives every model on_schema_change='ignore' unless set: what the model (or project) says is what counts. -#}
+  {%- set mode = config.get('on_schema_change') if 'on_schema_change' in model.get('unrendered_config', {}) else 'append_new_columns' -%}
+  {%- if mode not in ['append_new_columns', 'sync_all_columns', 'ignore', 'fail'] -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': on_schema_change must be 'append_new_columns', 'sync_all_columns', 'ignore' or 'fail', not '" ~ mode ~ "'") }}
+  {%- endif -%}
+  {#- Nothing changed since a run that found silver matching the layout (the usual case): no query at all. -#}
+  {%- if properties.get('cdclake.layout_signature') == layout.signature -%}{{ return(layout) }}{%- endif -%}
+  {%- set held = {} -%}
+  {%- for name in cdclake.describe_columns(target) %}{% do held.update({name | lower: name}) %}{% endfor -%}
+  {%- set columns = cdclake.data_columns(layout) -%}
+  {%- set missing_keys = [] -%}
+  {%- for key in layout.key_columns if key | lower not in held %}{% do missing_keys.append(key) %}{% endfor -%}
+  {%- if missing_keys -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': key column(s) " ~ missing_keys | join(', ') ~ " are not in " ~ target ~ " (its keys changed): rebuild it with --full-refresh") }}
+  {%- endif -%}
+  {#- The types of the layout's columns and of silver's: typeof() over a one-row outer join that reads nothing
+      (Spark's DDL spelling of each type, never truncated as describe's may be). -#}
+  {%- set shared = [] -%}
+  {%- for column in columns if column | lower in held %}{% do shared.append(column) %}{% endfor -%}
+  {%- set types_sql -%}
+    select {% for column in columns %}typeof(i.{{ cdclake.quote(column) }}), {% endfor -%}
+      {%- for column in shared %}typeof(t.{{ cdclake.quote(held[column | lower]) }}), {% endfor %}1
+    from (select 1) o
+    left join (
+      select {% for key in layout.key_columns %}{{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }}, {% endfor -%}
+        {%- for column in layout.image_columns %}{{ layout.image_expr }}.{{ cdclake.quote(column) }} as {{ cdclake.quote(column) }}, {% endfor -%}
+        {%- if layout.document %}{{ layout.image_expr }} as _cdc_document, {% endif -%}
+        {%- for column in layout.extra_columns %}{{ cdclake.quote(column) }}, {% endfor %}1 as _cdc_one
+      from ({{ input_sql }}) bronze_input
+    ) i on false
+    left join {{ target }} t on false
+  {%- endset -%}
+  {%- set row = run_query(types_sql).rows[0] -%}
+  {%- set added = [] -%}
+  {%- set widened = [] -%}
+  {%- set changed = [] -%}
+  {%- for column in columns -%}
+    {%- set new_type = row[loop.index0] -%}
+    {%- if column | lower not in held -%}
+      {% do added.append({'name': column, 'type': new_type}) %}
+    {%- else -%}
+      {%- set old_type = row[columns | length + shared.index(column)] -%}
+      {%- if new_type != old_type and cdclake.widens(old_type, new_type) -%}
+        {% do widened.append({'name': held[column | lower], 'type': new_type, 'was': old_type, 'key': column in layout.key_columns}) %}
+      {%- elif new_type != old_type and not cdclake.widens(new_type, old_type) -%}
+        {% do changed.append(column ~ ' (' ~ old_type ~ ' in silver, ' ~ new_type ~ ' in bronze)') %}
+      {%- endif -%}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- if mode == 'ignore' -%}
+    {#- Silver keeps its columns: only those are applied (types it has not widened are cast on insert). -#}
+    {%- set narrowed = {} -%}
+    {% do narrowed.update(layout) %}
+    {% do narrowed.update({'image_columns': [], 'extra_columns': []}) %}
+    {%- for column in layout.image_columns if column | lower in held %}{% do narrowed.image_columns.append(column) %}{% endfor -%}
+    {%- for column in layout.extra_columns if column | lower in held %}{% do narrowed.extra_columns.append(column) %}{% endfor -%}
+    {#- Left out columns are looked for again next run (the signature is kept only for a layout silver matches). -#}
+    {%- if added or widened %}{% do narrowed.update({'signature': none}) %}{% endif -%}
+    {{ return(narrowed) }}
+  {%- endif -%}
+  {%- if changed -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': the type of column(s) " ~ changed | join(', ') ~ " changed in a way " ~ target ~ " cannot follow (cdc_silver widens int to bigint, float to double and decimal precision): rebuild it with --full-refresh") }}
+  {%- endif -%}
+  {%- if mode == 'fail' and (added or widened) -%}
+    {%- set changes = [] -%}
+    {%- if added %}{% do changes.append('new column(s) ' ~ added | map(attribute='name') | join(', ')) %}{% endif -%}
+    {%- if widened %}{% do changes.append('widened column(s) ' ~ widened | map(attribute='name') | join(', ')) %}{% endif -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': on_schema_change is 'fail' and the model's columns differ from " ~ target ~ ": " ~ changes | join('; ') ~ " (set on_schema_change='append_new_columns' to add them, or rebuild with --full-refresh)") }}
+  {%- endif -%}
+  {%- if added -%}
+    {{ log("cdclake: adding column(s) " ~ added | map(attribute='name') | join(', ') ~ " to " ~ target ~ " (new in " ~ model.alias ~ "'s bronze images; existing rows hold NULL)", info=true) }}
+    {% do run_query('alter table ' ~ target ~ ' add columns (' ~ cdclake.column_definitions(added) ~ ')') %}
+  {%- endif -%}
+  {%- for column in widened -%}
+    {{ log("cdclake: widening column " ~ column.name ~ " of " ~ target ~ " from " ~ column.was ~ " to " ~ column.type, info=true) }}
+    {% do run_query('alter table ' ~ target ~ ' alter column ' ~ cdclake.quote(column.name) ~ ' type ' ~ column.type) %}
+    {#- A key column is in the tombstones too (an existing history table's hard deletes as well). -#}
+    {%- if column.key and delete_mode == 'hard' -%}
+      {% do run_query('alter table ' ~ tombstones ~ ' alter column ' ~ cdclake.quote(column.name) ~ ' type ' ~ column.type) %}
+    {%- endif -%}
+  {%- endfor -%}
+  {{ return(layout) }}
+{%- endmacro %}
+
+
+{#- Soft-deleted rows past the tombstone horizon (tombstone_horizon_days) leave silver. -#}
+{% macro soft_delete_purge_sql(relation, horizon) -%}
+  delete from {{ relation }} where _cdc_deleted and _cdc_deleted_at < current_timestamp() - interval {{ horizon | int }} days
+{%- endmacro %}
+
+
+{#- `, 'cdclake.layout_signature' = '<md5>'` when silver now matches a layout whose signature it does not hold yet. -#}
+{% macro signature_property(layout, properties) -%}
+  {%- if layout.signature and properties.get('cdclake.layout_signature') != layout.signature -%}
+    , 'cdclake.layout_signature' = '{{ layout.signature }}'
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- `name type, ...` for alter table ... add columns. -#}
+{% macro column_definitions(columns) -%}
+  {%- for column in columns %}{{ cdclake.quote(column.name) }} {{ column.type }}{% if not loop.last %}, {% endif %}{% endfor -%}
+{%- endmacro %}
+
+
+{#- Whether Iceberg can promote a column of type `old` to `new` (Spark's DDL spelling): int to bigint, float to
+    double, a decimal's precision up at the same scale. -#}
+{% macro widens(old, new) -%}
+  {%- if (old, new) in [('int', 'bigint'), ('float', 'double')] %}{{ return(true) }}{% endif -%}
+  {%- set decimal = modules.re.compile('^decimal\\((\\d+),(\\d+)\\)$') -%}
+  {%- set a = decimal.match(old) -%}
+  {%- set b = decimal.match(new) -%}
+  {{ return(a is not none and b is not none and a.group(2) == b.group(2) and b.group(1) | int > a.group(1) | int) }}
 {%- endmacro %}
 
 
@@ -394,7 +534,7 @@
     s.{{ cdclake.quote(key) }},
     {%- endfor %}
     {%- for column in columns if column not in keys %}
-    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and t._cdc_found then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
+    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and not s._cdc_has_image and t._cdc_found then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
     {%- endfor %}
     s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at
     {%- if delete_mode == 'soft' %},
@@ -402,7 +542,7 @@
     {%- else %},
     bx._cdc_found is not null as _cdc_has_tombstone
     {%- endif %}
-  from (select {{ cdclake.silver_select(layout, 'w') }} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
+  from (select {{ cdclake.silver_select(layout, 'w') }}{% if delete_mode == 'soft' %}, w._cdc_has_image{% endif %} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
   left join (
     select {{ hint }} {% for key in keys %}t.{{ cdclake.quote(key) }}, {% endfor %}t._cdc_order, t._cdc_op, t._cdc_offset,
       {%- if delete_mode == 'soft' %}{% for column in columns if column not in keys %} t.{{ cdclake.quote(column) }},{% endfor %}{% endif %} true as _cdc_found

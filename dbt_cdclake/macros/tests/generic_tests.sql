@@ -35,16 +35,16 @@
 {#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op); with `snapshot`,
     over bronze as of that snapshot. -#}
 {% macro recomputed_latest(bronze, keys, snapshot=none) -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
-  {%- set typed_key = types.get('key', '').startswith('struct') -%}
+  {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
+  {%- set key_exprs = cdclake.key_expressions(bronze, keys, cdclake.describe_columns(bronze)) if execute else {} -%}
   select * from (
     select
       {%- for key in keys %}
-      {% if typed_key %}key.{{ cdclake.quote(key) }}{% else %}{{ cdclake.json_key_expr(key) }}{% endif %} as {{ cdclake.quote(key) }},
+      {{ key_exprs.get(key, 'null') }} as {{ cdclake.quote(key) }},
       {%- endfor %}
       _cdc_order, op as _cdc_op, _cdc_offset,
       row_number() over (
-        partition by {% for key in keys %}{% if typed_key %}key.{{ cdclake.quote(key) }}{% else %}{{ cdclake.json_key_expr(key) }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}
+        partition by {% for key in keys %}{{ key_exprs.get(key, 'null') }}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
     from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %}
     where op in ('c', 'u', 'd', 'r')

@@ -1,0 +1,151 @@
+"""Schema changes at the source with real dbt on real Spark and Iceberg: `cdclake ingest` adds a column the source
+added to bronze's images (and widens types); silver follows per the model's `on_schema_change`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.silver_harness import Change, SilverHarness, Topic
+from tests.spark_fixtures import SparkLakehouse
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+C, U, D = "c", "u", "d"
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness
+
+
+def land_evolved(
+    harness: SilverHarness,
+    topic: Topic,
+    changes: list[Change],
+    dumps: Path,
+    added: dict[int, Any] | None = None,
+    id_type: str = "int32",
+) -> None:
+    """Land ``changes`` as Debezium emits them after `ALTER TABLE ... ADD COLUMN email` (``added``: the new
+    column's value per key; an optional field of the row schema, in `before` and `after`) and/or after the key
+    column's type became ``id_type``."""
+    lines = topic.records(changes)
+    for line in lines:
+        for part in ("key", "payload"):
+            if line[part] is None:
+                continue
+            record = orjson.loads(line[part])
+            schema, payload = record["schema"], record["payload"]
+            rows = [schema] if part == "key" else [f for f in schema["fields"] if f["field"] in ("before", "after")]
+            for row in rows:
+                row["fields"] = [{**f, "type": id_type} if f["field"] == "id" else f for f in row["fields"]]
+                if part == "payload" and added is not None:
+                    row["fields"] = [*row["fields"], {"type": "string", "optional": True, "field": "email"}]
+            if part == "payload" and added is not None:
+                for image in ("before", "after"):
+                    if payload[image] is not None:
+                        payload[image]["email"] = added.get(payload[image]["id"]) if image == "after" else None
+            line[part] = orjson.dumps(record).decode()
+    harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
+
+
+def emails(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, str | None]]:
+    rows = harness.spark.sql(f"select id, v, email from silver.{topic.table} where {where}").collect()
+    return {row["id"]: (row["v"], row["email"]) for row in rows}
+
+
+CONFIGS = {"hard": "", "soft": "delete_mode='soft'", "partial": "ignore_null_updates=true"}
+
+
+@pytest.mark.parametrize("mode", list(CONFIGS))
+def test_a_column_added_at_the_source_is_added_to_silver(harness: SilverHarness, tmp_path: Path, mode: str) -> None:
+    """The run after the source added a column adds it to silver (on_schema_change='append_new_columns', the
+    default): the rows of the unit carry its value, the others hold NULL until they change (what --full-refresh
+    gives too: their images never had it). Before, every later run failed until a --full-refresh. Soft deletes
+    keep a deleted row's values; partial images fold onto silver's row, new column included."""
+    topic = harness.topic(f"added_{mode}")
+    config = CONFIGS[mode]
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], tmp_path, config)
+    land_evolved(
+        harness, topic, [Change(U, 1, 4, "a2"), Change(C, 4, 5, "d"), Change(D, 3, 6)], tmp_path, {1: "x1", 4: "x4"}
+    )
+    assert harness.build(topic)
+    live = "not _cdc_deleted" if mode == "soft" else "true"
+    assert emails(harness, topic, live) == {1: ("a2", "x1"), 2: ("b", None), 4: ("d", "x4")}
+    second = [Change(U, 2, 7, "b2"), Change(D, 4, 8)]
+    if mode == "partial":  # an update that carries only its key: the other columns keep silver's values
+        second.append(Change(U, 1, 9, None, n=None))
+    land_evolved(harness, topic, second, tmp_path, {2: "x2"})
+    assert harness.build(topic)
+    assert emails(harness, topic, live) == {1: ("a2", "x1"), 2: ("b2", "x2")}
+    assert harness.build(topic, "--full-refresh")
+    assert emails(harness, topic, live) == {1: ("a2", "x1"), 2: ("b2", "x2")}
+
+
+def test_a_column_added_at_the_source_is_added_to_a_history(harness: SilverHarness, tmp_path: Path) -> None:
+    """history='scd2': versions from before the column hold NULL in it, versions after it its value."""
+    topic = harness.topic("added_scd2")
+    config = "history='scd2'"
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
+    land_evolved(
+        harness, topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4), Change(C, 3, 5, "c")], tmp_path, {1: "x1", 3: "x3"}
+    )
+    assert harness.build(topic)
+    rows = harness.rows(f"silver.{topic.table}", "id, v, email, _cdc_valid_from[0] as at, _cdc_is_current", "id, at")
+    assert [(r["id"], r["at"], r["v"], r["email"], r["_cdc_is_current"]) for r in rows] == [
+        (1, 1, "a", None, False),
+        (1, 3, "a2", "x1", True),
+        (2, 2, "b", None, False),  # ended by the delete
+        (3, 5, "c", "x3", True),
+    ]
+    assert harness.history(topic) == topic.expected_history()
+
+
+def test_on_schema_change_fail_and_ignore(harness: SilverHarness, tmp_path: Path) -> None:
+    """on_schema_change='fail' stops the run with an error naming the model, silver and the new column, and changes
+    nothing; 'ignore' applies the changes to silver's columns only; back to the default, the next run adds it."""
+    topic = harness.topic("fail_ignore")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "on_schema_change='fail'")
+    before = harness.silver_snapshot(topic)
+    land_evolved(harness, topic, [Change(U, 1, 3, "a2")], tmp_path, {1: "x1"})
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
+    assert not harness.build(topic)
+    message = log.read_bytes()[start:].decode()
+    assert f"cdc_silver model '{topic.table}': on_schema_change is 'fail'" in message
+    assert f"silver.{topic.table}: new column(s) email" in message
+    assert harness.silver_snapshot(topic) == before
+    assert "email" not in harness.rows(f"silver.{topic.table}", order="id")[0]
+
+    harness.write_model(topic, "on_schema_change='ignore'")
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a2", 2: "b"}
+    assert "email" not in harness.rows(f"silver.{topic.table}", order="id")[0]
+
+    harness.write_model(topic)
+    land_evolved(harness, topic, [Change(U, 2, 4, "b2")], tmp_path, {2: "x2"})
+    assert harness.build(topic)
+    assert emails(harness, topic) == {1: ("a2", None), 2: ("b2", "x2")}
+
+
+def test_a_widened_key_type_widens_silver_and_its_tombstones(harness: SilverHarness, tmp_path: Path) -> None:
+    """The key column became BIGINT at the source (bronze widens int to bigint): silver's key column and the
+    tombstones' are widened, and a key beyond int's range lands."""
+    topic = harness.topic("widened")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(D, 2, 3)], tmp_path)
+    big = 3_000_000_000
+    land_evolved(
+        harness, topic, [Change(U, 1, 4, "a2"), Change(C, big, 5, "big"), Change(D, 1, 6)], tmp_path, id_type="int64"
+    )
+    assert harness.build(topic)
+    assert harness.silver(topic) == {big: "big"} == topic.expected()
+    for table in (topic.table, f"{topic.table}__cdc_tombstones"):
+        types = {r["col_name"]: r["data_type"] for r in harness.spark.sql(f"describe table silver.{table}").collect()}
+        assert types["id"] == "bigint", table
+    assert harness.rows(f"silver.{topic.table}__cdc_tombstones", "id", "id") == [{"id": 1}, {"id": 2}]
