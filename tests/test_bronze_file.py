@@ -279,6 +279,29 @@ def test_a_type_conflict_with_a_buffered_record_is_a_dead_letter_after_a_reload(
     assert re.search(r"column (before|after)\.name changed type from string to bool", dead[0]["_cdc_error"])
 
 
+def test_a_negative_scale_decimal_lands(lakehouse: Path, tmp_path: Path) -> None:
+    """Oracle NUMBER(20,-2) (a Connect Decimal of scale -2) lands as decimal(22, 0) with the values it stands for;
+    the Parquet write used to fail on the negative scale at commit, which stopped the ingester."""
+    import base64
+    import decimal
+
+    settings = make_settings(lakehouse)
+    amount = {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "-2", "connect.decimal.precision": "20"},
+        "field": "amount",
+        "optional": True,
+    }
+    five = base64.b64encode((5).to_bytes(1, "big", signed=True)).decode()
+    dump = write_dump(
+        tmp_path / "negative.jsonl", [("p.s.t", 0, key(1), schema_record([ID, amount], {"id": 1, "amount": five}, 1))]
+    )
+    ingest_file(settings, dump)
+    assert [row["after"]["amount"] for row in rows(settings, "p_s_t")] == [decimal.Decimal(500)]
+    assert not load_catalog(settings).table_exists(f"bronze.{DEAD_LETTER_TABLE}")
+
+
 def test_bad_input_goes_to_dead_letters_and_the_rest_lands(lakehouse: Path, tmp_path: Path) -> None:
     settings = make_settings(lakehouse)
     source = {"connector": "informix", "commit_lsn": "1", "change_lsn": "1"}

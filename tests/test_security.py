@@ -138,7 +138,8 @@ def test_secrets_never_reach_logs_errors_status_or_metrics(
                 assert code == 0, f"{name} failed ({code}):\n{run.output}"
         status = orjson.loads(shown["status --json"][shown["status --json"].index("{") :])
         assert [t["name"] for t in status["tables"]] == ["ifx_secret_t"]
-        profile_dir = shown["dbt-profile"].strip().splitlines()[-1]
+        profile_dir = shown["dbt-profile"].strip().splitlines()[-1]  # the secrets' variables are named before it
+        assert "set CDCLAKE_CATALOG_PASSWORD" in shown["dbt-profile"]
         shown["profiles.yml"] = (Path(profile_dir) / "profiles.yml").read_text()
         assert "CDCLAKE_CATALOG_PASSWORD" in shown["profiles.yml"]
 

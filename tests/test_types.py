@@ -142,6 +142,55 @@ def test_values_that_do_not_fit_are_rejected(schema: dict[str, Any], raw: Any, m
         converter(schema)(raw, "after.col")
 
 
+DECIMAL_20_2 = {
+    "type": "bytes",
+    "name": "org.apache.kafka.connect.data.Decimal",
+    "parameters": {"scale": "2", "connect.decimal.precision": "20"},
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "raw", "message"),
+    [
+        # decimal.format=NUMERIC: orjson reads 12345678901234567.89 as a double, whose digits are already rounded
+        (DECIMAL_20_2, 12345678901234567.89, "as an exact JSON number (at most 15 digits)"),
+        (DECIMAL_20_2, 9007199254740993.01, "as an exact JSON number (at most 15 digits)"),
+        (DECIMAL_20_2, 1e100, "out of range"),  # used to raise decimal.InvalidOperation: the ingester stopped
+        (DECIMAL_20_2, "", "base64 of at least one byte"),  # zero bytes used to read as 0.00
+        (
+            {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+            {"scale": 2, "value": ""},
+            "base64 of at least one byte",
+        ),
+        # Oracle TIMESTAMP WITH TIME ZONE "end of time" in UTC is year 10000: used to raise OverflowError
+        ({"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, "9999-12-31T23:00:00-05:00", "years 1-9999"),
+        ({"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, "0001-01-01T00:00:00+01:00", "years 1-9999"),
+        # a map with keys that are not strings, as [[key, value], ...]: malformed pairs used to raise TypeError
+        ({"type": "map", "keys": {"type": "int32"}, "values": {"type": "string"}}, [[1]], "[[key, value], ...]"),
+        ({"type": "map", "keys": {"type": "int32"}, "values": {"type": "string"}}, [1, 2], "[[key, value], ...]"),
+    ],
+)
+def test_values_that_used_to_stop_the_ingester_or_round_are_dead_letters(
+    schema: dict[str, Any], raw: Any, message: str
+) -> None:
+    with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        converter(schema)(raw, "after.col")
+
+
+def test_a_negative_scale_decimal_is_an_integer_column() -> None:
+    """Oracle NUMBER(20,-2): Parquet and Iceberg have no negative scale (the commit failed on such a column, and
+    the ingester stopped); the values are integers with two more digits, exactly."""
+    schema = {
+        "type": "bytes",
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "parameters": {"scale": "-2", "connect.decimal.precision": "20"},
+    }
+    assert arrow_type(schema) == pa.decimal128(22, 0)
+    assert converter(schema)(dec_bytes(5), "c") == decimal.Decimal(500)
+    assert converter(schema)(dec_bytes(-123), "c") == decimal.Decimal(-12300)
+    pa.array([converter(schema)(dec_bytes(5), "c")], type=arrow_type(schema))
+
+
 def test_numeric_decimal_format_is_accepted_exactly() -> None:
     schema = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}
     assert converter(schema)(12.5, "c") == decimal.Decimal("12.50")

@@ -173,7 +173,10 @@ class _Decimal(_PerValue):
             known = memo.get(value)
             if known is not None:
                 return known
-            unscaled = int.from_bytes(b64(value, ""), "big", signed=True)
+            raw = b64(value, "")
+            if not raw:
+                raise ValueError("no bytes: the reference rejects it")
+            unscaled = int.from_bytes(raw, "big", signed=True)
             if not -limit < unscaled < limit:
                 raise ValueError("out of the exact range")
             if len(memo) >= _MEMO_SIZE:
@@ -390,8 +393,8 @@ def node_for(schema: Any, variable_scale: int, depth: int = 0) -> Node:
     kind = schema.get("type")
     if name == connect.DECIMAL:
         decimal_type = connect._decimal_type(schema)
-        if decimal_type.scale < 0:
-            raise _IneligibleError
+        if connect._wire_scale(schema) < 0:
+            raise _IneligibleError  # the reference rescales it
         return _Decimal(decimal_type.precision, decimal_type.scale)
     if name == connect.VARIABLE_SCALE_DECIMAL:
         return _VariableScaleDecimal(variable_scale)

@@ -24,8 +24,9 @@ def dbt_profile(ctx: click.Context) -> int:
     from ingest.dbt_runner import secret_environment, write_profile
 
     settings = settings_from(ctx)
-    click.echo(str(write_profile(settings).parent))
+    written = write_profile(settings)
     names = sorted(secret_environment(settings))
-    if names:
+    if names:  # on stderr, first: scripts read the directory from stdout
         click.echo(f"plain dbt reads the secrets from the environment: set {', '.join(names)}", err=True)
+    click.echo(str(written.parent))
     return 0

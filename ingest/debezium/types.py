@@ -57,10 +57,18 @@ def _fail(path: str, expected: str, value: Any) -> DecodeError:
     return DecodeError(f"{path}: expected {expected}, got {type(value).__name__} {shown}")
 
 
+def _wire_scale(schema: dict[str, Any]) -> int:
+    """The scale of a Connect Decimal's unscaled value (negative for e.g. Oracle NUMBER(5,-2))."""
+    return int((schema.get("parameters") or {}).get("scale", 0))
+
+
 def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
     params = schema.get("parameters") or {}
-    scale = int(params.get("scale", 0))
+    scale = _wire_scale(schema)
     precision = int(params.get("connect.decimal.precision", MAX_DECIMAL_PRECISION))
+    if scale < 0:
+        # Parquet and Iceberg have no negative scale: the same values as integers, |scale| more digits.
+        precision, scale = precision - scale, 0
     precision = max(min(precision, MAX_DECIMAL_PRECISION), scale if scale > 0 else 1)
     return pa.decimal128(precision, scale)
 
@@ -160,24 +168,38 @@ def _b64(value: Any, path: str) -> bytes:
         raise _fail(path, "base64 string", value) from None
 
 
-def _decimal(precision: int, scale: int) -> Converter:
+def _decimal(precision: int, scale: int, wire_scale: int | None = None) -> Converter:
+    """A Connect Decimal as ``decimal(precision, scale)``: base64 bytes of the unscaled value at ``wire_scale``
+    (default ``scale``), or a JSON number (decimal.format=NUMERIC)."""
     limit = 10**precision
     quantum = decimal.Decimal(1).scaleb(-scale)
+    wire = scale if wire_scale is None else wire_scale
 
     def convert(value: Any, path: str) -> Any:
         if type(value) is str:
-            unscaled = int.from_bytes(_b64(value, path), "big", signed=True)
-            result = decimal.Decimal(unscaled).scaleb(-scale, context=_EXACT)
-        elif type(value) in (int, float):  # decimal.format=NUMERIC
-            result = decimal.Decimal(str(value))
-            if result != result.quantize(quantum, context=decimal.Context(prec=80)):
-                raise _fail(path, f"decimal({precision},{scale})", value)
-            result = result.quantize(quantum, context=decimal.Context(prec=80))
+            raw = _b64(value, path)
+            if not raw:  # Kafka Connect rejects zero bytes too: no value, not a zero
+                raise _fail(path, f"decimal({precision},{scale}) (base64 of at least one byte)", value)
+            result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-wire, context=_EXACT)
+        elif type(value) is int:  # decimal.format=NUMERIC
+            result = decimal.Decimal(value)
+        elif type(value) is float:
+            # A JSON number with a fraction (or beyond 64 bits) reaches us as a double: exact only up to 15
+            # significant digits; beyond that the digits are already lost, and rounding is not for us to do.
+            result = decimal.Decimal(repr(value))
+            if not result.is_finite() or len(result.as_tuple().digits) > 15:
+                raise _fail(path, f"decimal({precision},{scale}) as an exact JSON number (at most 15 digits)", value)
         else:
             raise _fail(path, f"decimal({precision},{scale})", value)
-        if abs(result.scaleb(scale, context=_EXACT)) >= limit:
+        try:
+            fitted = result.quantize(quantum, context=_EXACT)
+        except decimal.InvalidOperation:  # e.g. 1e100: more digits than any decimal(38, s)
+            raise _fail(path, f"decimal({precision},{scale}) (out of range)", value) from None
+        if fitted != result:
+            raise _fail(path, f"decimal({precision},{scale})", value)
+        if abs(fitted.scaleb(scale, context=_EXACT)) >= limit:
             raise _fail(path, f"decimal({precision},{scale}) (out of range)", value)
-        return result
+        return fitted
 
     return convert
 
@@ -189,8 +211,10 @@ def _variable_scale_decimal(scale: int) -> Converter:
     def convert(value: Any, path: str) -> Any:
         if not isinstance(value, dict) or type(value.get("scale")) is not int:
             raise _fail(path, "VariableScaleDecimal {scale, value}", value)
-        unscaled = int.from_bytes(_b64(value.get("value"), path + ".value"), "big", signed=True)
-        result = decimal.Decimal(unscaled).scaleb(-value["scale"], context=context)
+        raw = _b64(value.get("value"), path + ".value")
+        if not raw:
+            raise _fail(path, "VariableScaleDecimal value (base64 of at least one byte)", value)
+        result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-value["scale"], context=context)
         fitted = result.quantize(quantum, context=context)
         if fitted != result or abs(fitted.scaleb(scale, context=context)) >= 10**MAX_DECIMAL_PRECISION:
             raise _fail(path, f"decimal(38,{scale}) without rounding", value)
@@ -229,7 +253,10 @@ def _zoned_timestamp(value: Any, path: str) -> Any:
         raise _fail(path, "ISO-8601 timestamp with zone", value) from None
     if parsed.tzinfo is None:
         raise _fail(path, "ISO-8601 timestamp with zone", value)
-    return parsed.astimezone(dt.UTC)
+    try:
+        return parsed.astimezone(dt.UTC)
+    except OverflowError:  # 9999-12-31T23:00-05:00 is in year 10000 in UTC: a dead letter, not a crash
+        raise _fail(path, "a timestamp within years 1-9999 in UTC", value) from None
 
 
 def _micros_timestamp(factor: int, divisor: int) -> Converter:
@@ -252,7 +279,7 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     inner: Converter
     if name == DECIMAL:
         decimal_type = _decimal_type(schema)
-        inner = _decimal(decimal_type.precision, decimal_type.scale)
+        inner = _decimal(decimal_type.precision, decimal_type.scale, _wire_scale(schema))
     elif name == VARIABLE_SCALE_DECIMAL:
         inner = _variable_scale_decimal(variable_scale)
     elif name in _DATE:
@@ -298,9 +325,14 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
             pairs = value.items() if isinstance(value, dict) else value
             if not isinstance(pairs, (list, type({}.items()))):
                 raise _fail(path, "map", value)
-            return [
-                (key_conv(k, f"{path}.key"), None if v is None else value_conv(v, f"{path}[{k!r}]")) for k, v in pairs
-            ]
+            entries: list[tuple[Any, Any]] = []
+            pair: Any
+            for pair in pairs:
+                if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+                    raise _fail(path, "map as an object or [[key, value], ...]", value)
+                k, v = pair
+                entries.append((key_conv(k, f"{path}.key"), None if v is None else value_conv(v, f"{path}[{k!r}]")))
+            return entries
 
     elif kind == "struct":
         inner = struct_converter(schema, variable_scale=variable_scale)
