@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,43 @@ def test_mongodb_oplog_patches_fold_into_documents(harness: SilverHarness, tmp_p
     ]
     harness.apply(topic, changes, tmp_path, "")
     assert harness.documents(topic) == expected_documents(changes)
+
+
+def test_a_soft_deleted_document_keeps_its_last_update(harness: SilverHarness, tmp_path: Path) -> None:
+    """Soft deletes of MongoDB documents: a deleted key keeps its document with the updates before the delete
+    folded in, also when an update without a full document lands in the delete's unit of work (only each key's
+    last change used to be folded, and the deleted row's document came out null); --full-refresh agrees."""
+    topic = harness.mongo_topic("soft_documents")
+    config = "delete_mode='soft'"
+    first = [MongoChange(C, 1, 100, after=ANNE), MongoChange(C, 2, 100, 2, after=BOB)]
+    harness.apply(topic, first, tmp_path, config)
+    update = MongoChange("u", 1, 101, updated={"name": "X", "address.city": "Lyon"})
+    harness.apply(topic, [update, MongoChange(D, 1, 102)], tmp_path, config)
+    expected = expected_documents([*first, update])
+    assert harness.documents(topic) == expected
+    assert harness.build(topic, "--full-refresh")
+    assert harness.documents(topic) == expected
+
+
+def test_a_replayed_update_of_a_spaced_document_is_one_version(harness: SilverHarness, tmp_path: Path) -> None:
+    """Debezium writes documents with spaces (`{"_id": 1, "name": "Anne"}`). An update that adds a field, replayed
+    in a later unit of work (same position, another offset), folds to the same text as the version it repeats,
+    so a history keeps one version of it."""
+    topic = harness.mongo_topic("spaced_replay")
+    config = "history='scd2'"
+    create, update = MongoChange(C, 1, 100, after=BOB), MongoChange("u", 1, 101, updated={"x": 1})
+    lines = topic.records([create])
+    value = orjson.loads(lines[0]["payload"])
+    value.get("payload", value)["after"] = json.dumps(BOB)  # ", " and ": " as Debezium writes it
+    lines[0]["payload"] = orjson.dumps(value).decode()
+    harness.land_lines(f"{topic.table}-spaced", lines, tmp_path)
+    harness.write_model(topic, config)
+    assert harness.build(topic)
+    harness.apply(topic, [update], tmp_path, config)
+    harness.apply(topic, [update], tmp_path, config)  # the replay
+    rows = harness.rows(f"silver.{topic.table}", "_cdc_document, _cdc_valid_from[0] as at, _cdc_is_current", "at")
+    assert [(row["at"], row["_cdc_is_current"]) for row in rows] == [(100_000, False), (101_000, True)]  # ts_ms
+    assert orjson.loads(rows[1]["_cdc_document"]) == {**BOB, "x": 1}
 
 
 def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ ranked as (
   select *,
     row_number() over ({{ partition }}) as _cdc_rank
     {%- if keep %},
-    first_value(case when _cdc_op <> 'd' then named_struct('image', _cdc_image
+    first_value(case when _cdc_op <> 'd' and _cdc_image is not null then named_struct('image', _cdc_image
       {%- for column in layout.extra_columns %}, 'x{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}) end, true)
       over ({{ partition }} rows between unbounded preceding and unbounded following) as _cdc_prior
     {%- endif %}

@@ -65,8 +65,10 @@
   {%- set partition = [] -%}
   {%- for key in layout.key_columns %}{% do partition.append('_cdc_fk' ~ loop.index0) %}{% endfor -%}
   {%- set scd2 = history == 'scd2' -%}
-  {#- Current state needs the fold of each key's last change only; history needs every version's. -#}
-  {%- set frame = 'current row' if scd2 or not layout.document else 'unbounded following' -%}
+  {#- Current state needs the fold of each key's last change only; history needs every version's, and so do soft
+      deletes (a winning delete keeps the values of the key's last change before it, net_effect_sql). -#}
+  {%- set every = scd2 or delete_mode == 'soft' -%}
+  {%- set frame = 'current row' if every or not layout.document else 'unbounded following' -%}
 with unit as (
   select
     struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
@@ -137,7 +139,7 @@ folded as (
 )
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, scd2) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
@@ -165,12 +167,13 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
 {%- endmacro %}
 
 
-{#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win). -#}
-{% macro folded_image_sql(layout, fields, scd2) -%}
+{#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win), unless
+    `every` (history, soft deletes). -#}
+{% macro folded_image_sql(layout, fields, every) -%}
   {%- if layout.document -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
-    when {{ 'true' if scd2 else '_cdc_pos = _cdc_last' }} then
+    when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
       case when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
         else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), trim(_cdc_base),
           (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }}) end
