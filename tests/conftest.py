@@ -70,4 +70,14 @@ def topic_counts(path: Path) -> dict[str, int]:
 
 # Registered here, once: imported into each test module instead, pytest would make one session-scoped instance
 # per module, and all but the first would see a catalog the JVM does not point at.
-from tests.spark_fixtures import spark_lakehouse  # noqa: E402, F401
+from tests.silver_harness import SilverHarness  # noqa: E402
+from tests.spark_fixtures import SparkLakehouse, spark_lakehouse  # noqa: E402, F401
+
+
+@pytest.fixture(scope="module")
+def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:  # noqa: F811
+    """A dbt project (the reference project's settings, cdclake's package) on the session's Spark lakehouse: one
+    per test module, so each module's models and dbt runs are its own."""
+    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
+    harness.spark = spark_lakehouse.spark
+    return harness

@@ -14,16 +14,8 @@ from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import load_catalog, warehouse_uri
 from ingest.maintenance import timestamp_literal
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay
-from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
-
-
-@pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
-    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
-    harness.spark = spark_lakehouse.spark
-    return harness
 
 
 @pytest.fixture

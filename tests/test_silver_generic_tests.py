@@ -14,7 +14,6 @@ from pyspark.sql import functions as F
 from ingest.dbt_runner import run_dbt
 from ingest.scaffold import History, model_yaml
 from tests.silver_harness import Change, SilverHarness, Topic
-from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
@@ -28,13 +27,6 @@ FIRST = [
 SECOND = [Change(T, 0, 10), Change(C, 5, 8, "older"), Change(U, 4, 13, "late"), Change(U, 1, 20, "a2")]
 SECOND += [Change(C, 7, 21, "g"), Change(D, 7, 22)]
 TESTS = ("cdclake_keys_unique", "cdclake_equals_recompute", "cdclake_no_deleted_keys")
-
-
-@pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
-    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
-    harness.spark = spark_lakehouse.spark
-    return harness
 
 
 CONFIGS: dict[str, tuple[History, str]] = {

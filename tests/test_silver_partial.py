@@ -16,18 +16,10 @@ from hypothesis import strategies as st
 
 from ingest.debezium.ordering import OP_RANK
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay
-from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 C, U, D = "c", "u", "d"
-
-
-@pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
-    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
-    harness.spark = spark_lakehouse.spark
-    return harness
 
 
 def images(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, int | None]]:

@@ -10,20 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.silver_harness import Change, SilverHarness, Version, dbt_examples, with_replay
-from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 C, U, D, R, T = "c", "u", "d", "r", "t"
 HARD = "history='scd2'"
 SOFT = "history='scd2', delete_mode='soft'"
-
-
-@pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
-    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
-    harness.spark = spark_lakehouse.spark
-    return harness
 
 
 def source_ts(lsn: int) -> dt.datetime:

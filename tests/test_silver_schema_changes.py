@@ -10,18 +10,10 @@ import orjson
 import pytest
 
 from tests.silver_harness import Change, SilverHarness, Topic
-from tests.spark_fixtures import SparkLakehouse
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 C, U, D = "c", "u", "d"
-
-
-@pytest.fixture(scope="module")
-def harness(spark_lakehouse: SparkLakehouse, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
-    harness = SilverHarness.create(spark_lakehouse.settings, tmp_path_factory.mktemp("dbt"))
-    harness.spark = spark_lakehouse.spark
-    return harness
 
 
 def land_evolved(
