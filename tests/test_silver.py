@@ -583,7 +583,8 @@ def test_schemaless_topic_needs_keys_and_keeps_documents(harness: SilverHarness,
     assert [(row["id"], orjson.loads(row["_cdc_document"])["v"]) for row in rows] == [("1", "a2"), ("2", "b")]
 
 
-@pytest.mark.parametrize("schemas", [True, False], ids=["typed", "schemaless"])
+# The schemaless case lost data (every change had a null key); the typed one failed the run: `make test-slow`.
+@pytest.mark.parametrize("schemas", [pytest.param(True, marks=pytest.mark.slow), False], ids=["typed", "schemaless"])
 def test_keys_of_a_table_without_a_primary_key_are_read_from_the_images(
     harness: SilverHarness, dumps: Path, schemas: bool
 ) -> None:

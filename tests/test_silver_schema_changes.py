@@ -55,7 +55,10 @@ def emails(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[in
 CONFIGS = {"hard": "", "soft": "delete_mode='soft'", "partial": "ignore_null_updates=true"}
 
 
-@pytest.mark.parametrize("mode", list(CONFIGS))
+# `make test` runs the hard-delete case; soft deletes and partial images read silver's columns too: `make test-slow`.
+@pytest.mark.parametrize(
+    "mode", ["hard", *(pytest.param(mode, marks=pytest.mark.slow) for mode in ("soft", "partial"))]
+)
 def test_a_column_added_at_the_source_is_added_to_silver(harness: SilverHarness, tmp_path: Path, mode: str) -> None:
     """The run after the source added a column adds it to silver (on_schema_change='append_new_columns', the
     default): the rows of the unit carry its value, the others hold NULL until they change (what --full-refresh
