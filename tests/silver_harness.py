@@ -249,6 +249,16 @@ MONGO_ENVELOPE_SCHEMA = {
         },
         {"type": "string", "optional": True, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"},
+        {
+            "type": "struct",
+            "optional": True,
+            "field": "transaction",
+            "fields": [
+                {"type": "string", "optional": False, "field": "id"},
+                {"type": "int64", "optional": False, "field": "total_order"},
+                {"type": "int64", "optional": False, "field": "data_collection_order"},
+            ],
+        },
     ],
 }
 
@@ -259,6 +269,7 @@ class MongoChange:
 
     ``after`` is the full document (c, r, or an update in change_streams_update_full mode); an update without it
     carries ``updated`` (updatedFields), ``removed`` and ``truncated`` (updateDescription), or an oplog ``patch``.
+    ``place`` is the event's ``transaction.total_order`` in a multi-document transaction (None: not in one).
     """
 
     op: str
@@ -270,6 +281,7 @@ class MongoChange:
     removed: list[str] | None = None
     truncated: list[tuple[str, int]] | None = None
     patch: dict[str, Any] | None = None
+    place: int | None = None
 
     def payload(self) -> dict[str, Any]:
         description = None
@@ -289,6 +301,9 @@ class MongoChange:
             "source": {"connector": "mongodb", "rs": "rs0", "ts_ms": self.sec * 1000, "ord": self.ord},
             "op": self.op,
             "ts_ms": self.sec * 1000 + 5,
+            "transaction": None
+            if self.place is None
+            else {"id": f"tx{self.sec}.{self.ord}", "total_order": self.place, "data_collection_order": self.place},
         }
 
 

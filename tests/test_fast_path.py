@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import importlib
+import itertools
 from pathlib import Path
 from typing import Any, cast
 
@@ -233,6 +234,63 @@ def test_transaction_metadata_beside_data_topics(poll: int) -> None:
     # One table for both topics: then the whole poll goes through the per-record loop, with the same outcome.
     shared = {"benchdb.transaction": "everything", "benchdb.inventory.customers": "everything"}
     assert_same(records, poll=poll, table_mapping=shared)
+
+
+def transaction_ordered(connectors: list[str], blocks: list[Any]) -> list[RawRecord]:
+    """Change events of one table whose ``transaction`` blocks are ``blocks`` (one record each), the connector of
+    each taken in turn from ``connectors``; the source struct carries every connector's position fields."""
+    source_fields = [
+        {"type": "string", "optional": False, "field": "connector"},
+        *({"type": "string", "optional": True, "field": name} for name in ("commit_scn", "scn", "commit_lsn")),
+        *({"type": "int64", "optional": True, "field": name} for name in ("ts_ms", "ord")),
+    ]
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"type": "struct", "optional": True, "field": "after", "fields": [{"type": "int32", "field": "id"}]},
+            {"type": "struct", "optional": False, "field": "source", "fields": source_fields},
+            {"type": "string", "optional": False, "field": "op"},
+            {
+                "type": "struct",
+                "optional": True,
+                "field": "transaction",
+                "fields": [
+                    {"type": "string", "optional": False, "field": "id"},
+                    {"type": "int64", "optional": True, "field": "total_order"},
+                ],
+            },
+        ],
+    }
+    sources = {
+        "oracle": {"connector": "oracle", "commit_scn": "90", "scn": "80"},
+        "mongodb": {"connector": "mongodb", "ts_ms": 5000, "ord": 2},
+        "informix": {"connector": "informix", "commit_lsn": "70"},
+    }
+    records = []
+    for offset, block in enumerate(blocks):
+        connector = connectors[offset % len(connectors)]
+        payload = {"after": {"id": offset}, "source": sources[connector], "op": "c", "transaction": block}
+        value = orjson.dumps({"schema": schema, "payload": payload})
+        records.append(RawRecord("o.s.t", 0, offset, 1_700_000_000_000, None, value))
+    return records
+
+
+@pytest.mark.parametrize("connectors", [["oracle"], ["mongodb"], ["oracle", "informix", "mongodb"]])
+def test_transaction_places_end_the_ordering_of_oracle_and_mongodb(connectors: list[str]) -> None:
+    """``transaction.total_order`` as the last component (-1 without a block), on both paths; a place that is not a
+    position is a dead letter. One connector: the columns path; several in one table: the per-row path."""
+    good = [{"id": "t", "total_order": n} for n in (1, 2, 3)] + [None, {"id": "t", "total_order": None}]
+    odd = [{"id": "t", "total_order": "4"}, {"id": "t", "total_order": -1}, {"id": "t", "total_order": 2**63}]
+    tables = assert_same(transaction_ordered(connectors, good + odd))
+    orders = tables["o_s_t"][0].sort_by("_cdc_offset").column("_cdc_order").to_pylist()
+    expected = {"oracle": [90, 80], "mongodb": [5000, 2], "informix": [70, -1]}
+    assert orders == [
+        expected[connector] + ([] if connector == "informix" else [place])
+        for connector, place in zip(itertools.cycle(connectors), [1, 2, 3, -1, -1], strict=False)
+    ]
+    assert tables[DEAD_LETTER_TABLE][0].num_rows == len(odd)
+    if len(connectors) == 1:
+        assert fast_share(transaction_ordered(connectors, good)) == 1.0
 
 
 ODD_TRANSACTION_PAYLOADS = [

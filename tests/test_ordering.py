@@ -32,8 +32,33 @@ def test_oracle_commit_scn_then_scn() -> None:
     second = ordering({"connector": "oracle", "commit_scn": "2122185", "scn": "2122190"})
     assert first < second
     snapshot = ordering({"connector": "oracle", "scn": "2122000"})
-    assert snapshot == [MISSING, 2122000]
+    assert snapshot == [MISSING, 2122000, MISSING]
     assert snapshot < first
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"connector": "oracle", "commit_scn": "2122185", "scn": "2122184"},
+        {"connector": "mongodb", "ts_ms": 1558965508000, "ord": 1},
+    ],
+    ids=["oracle", "mongodb"],
+)
+def test_changes_sharing_a_position_in_one_transaction_keep_their_order(source: dict[str, object]) -> None:
+    # A delete and re-insert of one document in one MongoDB transaction share its cluster time (as Oracle rows of
+    # one transaction can share an scn): Debezium's transaction.total_order says which came first.
+    delete = ordering(source, {"id": "tx1", "total_order": 1, "data_collection_order": 1})
+    reinsert = ordering(source, {"id": "tx1", "total_order": 2, "data_collection_order": 2})
+    assert delete < reinsert
+    assert delete[:-1] == reinsert[:-1]
+    # Without transaction metadata (or outside a transaction) the place is -1: the tie is silver's to break.
+    assert ordering(source)[-1] == ordering(source, None)[-1] == MISSING
+    assert ordering(source, {"id": "tx1", "total_order": "7"})[-1] == 7
+
+
+def test_other_connectors_ignore_the_transaction_block() -> None:
+    source = {"connector": "informix", "commit_lsn": "7", "change_lsn": "5"}
+    assert ordering(source, {"id": "7", "total_order": 3}) == ordering(source) == [7, 5]
 
 
 def test_mongodb_seconds_then_ord() -> None:
@@ -85,10 +110,23 @@ def test_malformed_positions_are_rejected_with_reason(source: dict[str, object],
         ordering(source)
 
 
+@pytest.mark.parametrize(
+    ("transaction", "message"),
+    [
+        ({"id": "tx1", "total_order": -1}, "transaction.total_order=-1 is not a valid mongodb position (negative)"),
+        ({"id": "tx1", "total_order": 1.5}, "transaction.total_order=1.5 is not a valid mongodb position"),
+        ("tx1", "transaction='tx1' is not a transaction block"),
+    ],
+)
+def test_malformed_transaction_places_are_rejected_with_reason(transaction: object, message: str) -> None:
+    with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ordering({"connector": "mongodb", "ts_ms": 1000, "ord": 1}, transaction)
+
+
 def test_connector_inferred_when_source_omits_it() -> None:
     # The Oracle 1.5 docs' data events print no source.connector.
-    assert ordering({"scn": "2122185", "commit_scn": "2122186", "txId": "6.28.807"}) == [2122186, 2122185]
-    assert ordering({"rs": "rs0", "ts_ms": 1000, "ord": 3}) == [1000, 3]
+    assert ordering({"scn": "2122185", "commit_scn": "2122186", "txId": "6.28.807"}) == [2122186, 2122185, MISSING]
+    assert ordering({"rs": "rs0", "ts_ms": 1000, "ord": 3}) == [1000, 3, MISSING]
     with pytest.raises(DecodeError, match="unknown connector None"):
         ordering({"db": "x"})
 

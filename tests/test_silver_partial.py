@@ -240,6 +240,26 @@ def test_mongodb_oplog_patches_fold_into_documents(harness: SilverHarness, tmp_p
     assert harness.documents(topic) == expected_documents(changes)
 
 
+def test_a_document_deleted_and_reinserted_in_one_transaction_stays(harness: SilverHarness, tmp_path: Path) -> None:
+    """The events of one MongoDB transaction share its cluster time; transaction.total_order orders them. A delete
+    and re-insert of one document in one transaction leaves the new document (the op tie-break alone, d after c,
+    dropped it), whether the transaction lands in one unit of work or across two."""
+    topic = harness.mongo_topic("delete_reinsert")
+    harness.apply(topic, [MongoChange(C, 1, 100, after=ANNE), MongoChange(C, 2, 100, 2, after=BOB)], tmp_path, "")
+    renamed = {**ANNE, "name": "Anne Marie"}
+    harness.apply(
+        topic,
+        [MongoChange(D, 1, 101, 1, place=1), MongoChange(C, 1, 101, 1, after=renamed, place=2)],
+        tmp_path,
+        "",
+    )
+    harness.apply(topic, [MongoChange(D, 2, 102, 1, place=1)], tmp_path, "")
+    harness.apply(topic, [MongoChange(C, 2, 102, 1, after=BOB, place=2)], tmp_path, "")
+    assert harness.documents(topic) == {"1": renamed, "2": BOB}
+    assert harness.build(topic, "--full-refresh")
+    assert harness.documents(topic) == {"1": renamed, "2": BOB}
+
+
 def test_a_soft_deleted_document_keeps_its_last_update(harness: SilverHarness, tmp_path: Path) -> None:
     """Soft deletes of MongoDB documents: a deleted key keeps its document with the updates before the delete
     folded in, also when an update without a full document lands in the delete's unit of work (only each key's

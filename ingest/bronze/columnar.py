@@ -34,7 +34,7 @@ import pyarrow.json as pj
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, UTC_US, RowBuilder
 from ingest.debezium import types as connect
 from ingest.debezium.envelope import HEARTBEAT_PREFIX, RawRecord, RecordKind, SchemaSplitter
-from ingest.debezium.ordering import ORDERINGS
+from ingest.debezium.ordering import ORDERINGS, TRANSACTION_ORDERED
 from ingest.errors import DecodeError
 
 log = logging.getLogger(__name__)
@@ -655,8 +655,24 @@ def _postgres_position(sequence: Any, lsn: Any) -> tuple[list[Any], Mask]:
     return [first, second], bad
 
 
-def _ordering(source: Any, source_node: _Struct) -> tuple[Any, Mask]:
-    """The ``_cdc_order`` column (list<int64>) of change events, from the raw ``source`` struct column."""
+def _total_order(transaction: Any, transaction_node: Node | None, length: int) -> tuple[Any, Mask]:
+    """``ordering.total_order`` of each row, from the raw ``transaction`` column (None: the schema has none)."""
+    if transaction is None or transaction_node is None:
+        return pa.array([-1] * length, pa.int64()), None
+    if not isinstance(transaction_node, _Struct):
+        return pa.array([-1] * length, pa.int64()), _flag(pc.is_valid(transaction))  # the reference decides
+    names = [name for name, _, _ in transaction_node.fields]
+    if "total_order" not in names:
+        return pa.array([-1] * length, pa.int64()), None
+    # flatten() gives null children under a null block: -1, as the reference has for ``transaction: null``.
+    return _integer_position(transaction.flatten()[names.index("total_order")])
+
+
+def _ordering(
+    source: Any, source_node: _Struct, transaction: Any = None, transaction_node: Node | None = None
+) -> tuple[Any, Mask]:
+    """The ``_cdc_order`` column (list<int64>) of change events, from the raw ``source`` struct column (and the
+    ``transaction`` column, for the connectors in ``TRANSACTION_ORDERED``)."""
     length = len(source)
     names = [name for name, _, _ in source_node.fields]
     children = dict(zip(names, source.flatten(), strict=True))
@@ -678,6 +694,10 @@ def _ordering(source: Any, source_node: _Struct) -> tuple[Any, Mask]:
                 component, component_bad = _integer_position(children[name])
                 components.append(component)
                 position_bad = _or(position_bad, component_bad)
+            if distinct[0] in TRANSACTION_ORDERED:
+                component, component_bad = _total_order(transaction, transaction_node, length)
+                components.append(component)
+                position_bad = _or(position_bad, component_bad)
         return _list_column(components, length), _or(bad, position_bad)
     # Other connectors (hex LSNs, binlog names) or a mix: the reference's functions, per row.
     wanted = {name for connector_fields in _POSITION_FIELDS.values() for name in connector_fields}
@@ -688,16 +708,22 @@ def _ordering(source: Any, source_node: _Struct) -> tuple[Any, Mask]:
             bad = _or(bad, _flag(pc.is_valid(child)))  # a float or bool position: the reference decides
         columns[name] = child.to_pylist()
     connectors = connector.to_pylist()
+    places, places_bad = _total_order(transaction, transaction_node, length)
+    bad = _or(bad, places_bad)
+    place = places.to_pylist()
     orders: list[list[int] | None] = []
     bad_rows: list[int] = []
     for row in range(length):
-        compute = ORDERINGS.get(connectors[row]) if connectors[row] is not None else None
+        connector_name = connectors[row]
+        compute = ORDERINGS.get(connector_name) if connector_name is not None else None
         if compute is None:
             bad_rows.append(row)
             orders.append(None)
             continue
         try:
             order = compute({name: values[row] for name, values in columns.items()})
+            if connector_name in TRANSACTION_ORDERED:
+                order = [*order, place[row]]
         except Exception:  # DecodeError: a dead letter; anything else: the reference raises it too
             order = None
         if order is None or not all(_INT64_MIN <= component <= _INT64_MAX for component in order):
@@ -1008,7 +1034,10 @@ class BatchDecoder:
             bad = _or(bad, _validate_change(plan, values, op))
             source_node = plan.value.fields[plan.value_fields["source"]][1]
             assert isinstance(source_node, _Struct)
-            order, order_bad = _ordering(values["source"], source_node)
+            transaction_node = (
+                plan.value.fields[plan.value_fields["transaction"]][1] if "transaction" in plan.value_fields else None
+            )
+            order, order_bad = _ordering(values["source"], source_node, values.get("transaction"), transaction_node)
             bad = _or(bad, order_bad)
             if plan.key is not None and plan.key_checks:
                 bad = _or(bad, _key_check(plan, keys, values, op))

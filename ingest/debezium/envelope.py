@@ -136,7 +136,8 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
     if "op" in payload:
         _validate_change(payload)
         _check_key_matches(key, payload)
-        return Envelope(RecordKind.CHANGE, key, key_schema, payload, value_schema, ordering(payload.get("source")))
+        order = ordering(payload.get("source"), payload.get("transaction"))
+        return Envelope(RecordKind.CHANGE, key, key_schema, payload, value_schema, order)
     if payload.get("status") in ("BEGIN", "END") and "id" in payload:
         return Envelope(RecordKind.TRANSACTION, key, key_schema, payload, value_schema, None)
     if "ddl" in payload or "tableChanges" in payload or "databaseName" in payload:

@@ -30,7 +30,7 @@ def _ascii_digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
-def _integer(source: Mapping[str, Any], field: str, connector: str) -> int:
+def _integer(source: Mapping[str, Any], field: str, connector: str, block: str = "source") -> int:
     value = source.get(field)
     if value is None:
         return MISSING
@@ -38,11 +38,11 @@ def _integer(source: Mapping[str, Any], field: str, connector: str) -> int:
         value = int(value)
     if type(value) is int:
         if value < 0:
-            raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (negative)")
+            raise DecodeError(f"{block}.{field}={value!r} is not a valid {connector} position (negative)")
         if value > MAX_POSITION:
-            raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (beyond 64 bits)")
+            raise DecodeError(f"{block}.{field}={value!r} is not a valid {connector} position (beyond 64 bits)")
         return value
-    raise DecodeError(f"source.{field}={value!r} is not a valid {connector} position (expected an integer)")
+    raise DecodeError(f"{block}.{field}={value!r} is not a valid {connector} position (expected an integer)")
 
 
 def _hex_lsn(source: Mapping[str, Any], field: str, connector: str) -> list[int]:
@@ -136,6 +136,12 @@ ORDERINGS: dict[str, Callable[[Mapping[str, Any]], Position]] = {
     "sqlserver": _sqlserver,
 }
 
+# Changes of one transaction can share these connectors' positions: a MongoDB transaction's events share its
+# cluster time (ts_ms, ord), Oracle rows of one transaction can share an scn. Their ordering ends with the event's
+# place in its transaction (Debezium's ``transaction.total_order``, with provide.transaction.metadata; -1 without),
+# so a delete and re-insert of one key in one transaction keep their order instead of falling to the op tie-break.
+TRANSACTION_ORDERED = frozenset({"oracle", "mongodb"})
+
 # How silver breaks ties on equal positions: a snapshot read is older than a change at the same position.
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
 
@@ -158,8 +164,17 @@ def _infer_connector(source: Mapping[str, Any]) -> str | None:
     return None
 
 
-def ordering(source: Any) -> Position:
-    """The ordering value of one change event, from its ``source`` block."""
+def total_order(transaction: Any, connector: str) -> int:
+    """The event's place in its transaction (``transaction.total_order``), -1 outside one."""
+    if transaction is None:
+        return MISSING
+    if not isinstance(transaction, Mapping):
+        raise DecodeError(f"transaction={transaction!r} is not a transaction block (expected an object or null)")
+    return _integer(transaction, "total_order", connector, block="transaction")
+
+
+def ordering(source: Any, transaction: Any = None) -> Position:
+    """The ordering value of one change event, from its ``source`` block (and ``transaction``, see above)."""
     if not isinstance(source, Mapping):
         raise DecodeError("the envelope has no source block")
     connector = source["connector"] if "connector" in source else _infer_connector(source)
@@ -167,4 +182,6 @@ def ordering(source: Any) -> Position:
     if compute is None:
         known = ", ".join(sorted(ORDERINGS))
         raise DecodeError(f"unknown connector {connector!r} in source.connector (known: {known})")
+    if connector in TRANSACTION_ORDERED:
+        return [*compute(source), total_order(transaction, connector)]
     return compute(source)
