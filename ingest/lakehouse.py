@@ -164,6 +164,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     conf["spark.master"] = settings.spark.master
     conf["spark.driver.memory"] = settings.spark.driver_memory
     conf.update(settings.spark.conf)
+    # The driver's log settings (spark_conf/log4j2.properties), unless the user names a log4j2 file of their own.
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" not in options:
+        log_config = (PROJECT_ROOT / "spark_conf" / "log4j2.properties").as_uri()
+        conf["spark.driver.extraJavaOptions"] = f"{options} -Dlog4j2.configurationFile={log_config}".strip()
     return conf
 
 

@@ -22,6 +22,13 @@ from ingest.errors import SetupError
 from ingest.lakehouse import RUNTIME_DIR_ENV, runtime_dir
 
 SUBPROCESS_TIMEOUT_S = 600.0
+# The `spark:` section of children's configs: a small local JVM whose code only C1 compiles. A `cdclake dbt build`
+# JVM lives 10-20 s, too short for C2's optimisations to repay their compile time: it saves ~3 s of each build here.
+CHILD_SPARK: dict[str, Any] = {
+    "master": "local[2]",
+    "driver_memory": "1g",
+    "conf": {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"},
+}
 FLUSHED = '"msg":"flushed '
 
 

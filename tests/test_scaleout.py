@@ -50,7 +50,7 @@ from tests.kafka_fixtures import (
     retopic,
     unique,
 )
-from tests.processes import Cdclake, cdclake_command, ingester, isolated_runtime
+from tests.processes import CHILD_SPARK, Cdclake, cdclake_command, ingester, isolated_runtime
 
 # Columns whose value is the time of the apply, different on every build.
 VOLATILE_COLUMNS = {"_cdc_applied_at", "_cdc_deleted_at"}
@@ -97,7 +97,7 @@ class Lakehouse:
             "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": catalog_uri},
             "source": source,
             "ingest": ingest,
-            "spark": {"master": "local[2]", "driver_memory": "1g"},
+            "spark": copy.deepcopy(CHILD_SPARK),
             "dbt": {"project_dir": str(dbt_project_copy(root))},
         }
         lakehouse = cls(root, raw)
