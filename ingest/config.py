@@ -72,7 +72,11 @@ class SparkSettings(_Section):
         default="local[2]", description="Spark master URL (local[N], spark://host:7077, yarn, k8s://...)."
     )
     driver_memory: str = Field(default="2g", description="spark.driver.memory of cdclake's Spark sessions.")
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings, passed through.")
+    conf: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra Spark settings, passed through. The driver logs through spark_conf/log4j2.properties unless "
+        "spark.driver.extraJavaOptions names a -Dlog4j2.configurationFile of its own.",
+    )
 
 
 class SourceSettings(_Section):
@@ -323,14 +327,28 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
         raise ConfigError(f"{origin}: {problems}") from None
 
 
+def _uri_secrets(uri: str) -> list[str]:
+    """The password of a URI's user info and the values of its secret-named query parameters (``sslpassword``)."""
+    found = []
+    user_password = re.search(r"://[^:/@?]*:([^@/?]+)@", uri)
+    if user_password:
+        found.append(user_password.group(1))
+    for name, value in re.findall(r"[?&;]([^=&;?]+)=([^&;]*)", uri):
+        if SECRET_KEY_PATTERN.search(name):
+            found.append(value)
+    return found
+
+
 def redact(text: str, settings: Settings) -> str:
-    """Remove every configured secret from a message before it is logged or shown."""
+    """Remove every configured secret from a message before it is logged or shown: librdkafka secrets, the catalog
+    URI's password and secret parameters, and Spark settings that hold a secret (or a URL with one)."""
     consumer = settings.source.consumer if settings.source else {}
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
-    uri_password = re.search(r"://[^:/@]+:([^@]+)@", settings.lakehouse.catalog_uri.get_secret_value())
-    if uri_password:
-        # As written in the URI, and as the drivers use it (percent-decoded).
-        secrets.extend({uri_password.group(1), unquote(uri_password.group(1))})
-    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+    secrets += _uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
+    for key, value in settings.spark.conf.items():
+        secrets += [value] if SECRET_KEY_PATTERN.search(key) else _uri_secrets(value)
+    # As written, and as the drivers use them (percent-decoded).
+    candidates = {form for secret in secrets for form in (secret, unquote(secret))}
+    for secret in sorted({s for s in candidates if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,15 +32,14 @@ from typing import Any, Literal
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import ancestors_of
 
 from ingest.bronze.tables import OFFSETS_PROPERTY, Offsets, decode_offsets
 from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
 from ingest.errors import ConfigError
+from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
 
 Layer = Literal["bronze", "silver"]
 LAYERS: tuple[Layer, ...] = ("bronze", "silver")
-APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 # Iceberg's remove_orphan_files procedure rejects anything shorter.
 MIN_ORPHAN_HOURS = 24.0
 
@@ -130,8 +130,7 @@ def _summary_int(table: Table, key: str) -> int:
 
 def expirable(table: Table, older_than: dt.datetime, retain_last: int) -> int:
     """How many snapshots expire_snapshots would remove (ignoring branches and tags, which cdclake does not use)."""
-    current = table.current_snapshot()
-    kept = {s.snapshot_id for s in list(ancestors_of(current, table.metadata))[:retain_last]} if current else set()
+    kept = {s.snapshot_id for s in itertools.islice(ancestors(table), retain_last)}
     cutoff_ms = int(older_than.timestamp() * 1000)
     return sum(1 for s in table.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in kept)
 

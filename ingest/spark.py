@@ -13,8 +13,9 @@ from ingest.lakehouse import spark_conf
 
 def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     """Create (or reuse) the process's SparkSession with every setting of this lakehouse."""
-    # pyspark turns timestamps into naive local datetimes: keep the Python side in UTC too.
-    os.environ.setdefault("TZ", "UTC")
+    # pyspark turns timestamps into naive datetimes of the process's time zone: keep the Python side in UTC, as the
+    # session is, whatever the user's TZ says (else `cdclake sql` would print them shifted).
+    os.environ["TZ"] = "UTC"
     time.tzset()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -24,16 +24,16 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
+from pyiceberg.table.snapshots import Operation, Snapshot
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.errors import ConfigError
+from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
 
 log = logging.getLogger(__name__)
 
-APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 INGESTED_AT_COLUMN = "_cdc_ingested_at"
 APPLIED_AT_COLUMN = "_cdc_applied_at"
 DEFAULT_STALE_AFTER_S = 3600.0
@@ -327,7 +327,7 @@ def _behind(
         return None, None
     pending: list[Snapshot] = []
     found = False
-    for snapshot in ancestors_of(current, bronze.metadata):
+    for snapshot in ancestors(bronze):
         if snapshot.snapshot_id == applied:
             found = True
             break
@@ -375,6 +375,8 @@ def collect_status(
         names = [name for name in names if name in wanted]
     destinations = None if not tables else [f"{lake.bronze_namespace}.{name}" for name in tables]
     dead = count_dead_letters(catalog, lake.bronze_namespace, destinations)
+    dead_table = _load(catalog, f"{lake.bronze_namespace}.{DEAD_LETTER_TABLE}")
+    dead_offsets = {} if dead_table is None else decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
 
     result: list[BronzeStatus] = []
     for name in names:
@@ -385,6 +387,9 @@ def collect_status(
         last_commit, last_from = last_ingest_commit(table)
         current = table.current_snapshot()
         offsets = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+        # A partition whose latest records were dead letters: the dead-letter table's offset is past the data
+        # table's (which moves only with a record of its own), and those records are not lag.
+        offsets = {tp: max(offset, dead_offsets.get(tp, offset)) for tp, offset in offsets.items()}
         status = BronzeStatus(
             name=name,
             table=identifier,

@@ -179,16 +179,19 @@ def render_value(value: Any) -> str:
     raise TypeError(f"{GENERATOR}: cannot render the default {value!r}")
 
 
-def walk(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> Iterator[Setting]:
+def walk(model: type[BaseModel], prefix: tuple[str, ...] = (), defaults: BaseModel | None = None) -> Iterator[Setting]:
+    """The settings of ``model``; ``defaults``: the instance its parent's field defaults to (whose values may differ
+    from the class's own defaults, e.g. maintenance.silver)."""
     for name, field in model.model_fields.items():
         if field.exclude:
             continue  # internal (e.g. base_dir), never read from the file
+        default = getattr(defaults, name) if defaults is not None else default_value(field)
         nested = _model_of(field.annotation)
         if nested is not None:
-            yield from walk(nested, (*prefix, name))
+            yield from walk(nested, (*prefix, name), default if isinstance(default, BaseModel) else None)
             continue
         kind = ", ".join([type_name(field.annotation), *constraints(field)])
-        yield Setting((*prefix, name), kind, render_value(default_value(field)), field.description or "")
+        yield Setting((*prefix, name), kind, render_value(default), field.description or "")
 
 
 def cell(text: str) -> str:

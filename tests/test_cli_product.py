@@ -28,8 +28,8 @@ from ingest.maintenance import (
     spark_error_line,
     timestamp_literal,
 )
+from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
 from ingest.status import (
-    APPLIED_SNAPSHOT_PROPERTY,
     PartitionStatus,
     apply_watermarks,
     collect_status,
@@ -38,6 +38,7 @@ from ingest.status import (
 from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
 from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
 from tests.spark_fixtures import SparkLakehouse
+from tests.test_bronze_file import write_dump
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
 CUSTOMERS = "dbserver1_inventory_customers"
@@ -134,6 +135,11 @@ def test_statements_split_on_semicolons_outside_quotes_and_comments() -> None:
     assert split_statements(";;  -- only a comment;\n")[0] == []
     assert split_statements("  -- only a comment\n") == ([], "")
     assert all_statements("select 1; select 2") == ["select 1", "select 2"]
+    # Spark SQL's bracketed comments nest; in a raw string a backslash escapes nothing.
+    assert all_statements("select 1 /* a /* b */ ; c */; select 2") == ["select 1 /* a /* b */ ; c */", "select 2"]
+    assert split_statements("/* a /* b */ ; */") == ([], "")
+    assert all_statements("select r'\\'; select R\"\\\"; select 2") == ["select r'\\'", 'select R"\\"', "select 2"]
+    assert all_statements("select color'\\'; x'") == ["select color'\\'; x'"]  # not raw: the quote is escaped
 
 
 def test_values_render_for_scripts() -> None:
@@ -317,6 +323,30 @@ def test_status_exits_3_when_bronze_is_stale_or_silver_behind_too_long(landed: S
     assert problems == [
         f"silver.{CUSTOMERS}: behind bronze.{CUSTOMERS} for {int(window)}s, longer than {window / 2:g}s"
     ]
+
+
+def test_ancestors_walk_the_lineage_as_pyiceberg_does(landed: Settings) -> None:
+    from pyiceberg.table.snapshots import ancestors_of
+
+    table = load_catalog(landed).load_table(f"bronze.{CUSTOMERS}")
+    walked = [s.snapshot_id for s in ancestors(table)]
+    assert len(walked) > 2
+    assert walked == [s.snapshot_id for s in ancestors_of(table.current_snapshot(), table.metadata)]
+
+
+def test_dead_letters_at_a_partitions_end_are_not_lag(lakehouse: Path) -> None:
+    """The data table's offset moves only with a record of its own: when a partition's latest records were dead
+    letters, status takes the dead-letter table's offset, so they do not show as lag forever."""
+    settings = make_settings(lakehouse)
+    source = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+    good = [("i.s.t", n, {"id": n}, {"op": "c", "after": {"id": n}, "source": source}) for n in range(10)]
+    ingest_file(settings, write_dump(lakehouse / "good.jsonl", good))
+    bad = [("i.s.t", n, {"id": n}, "{not json") for n in (10, 11)]
+    ingest_file(settings, write_dump(lakehouse / "bad.jsonl", bad))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 12))
+    [table] = status.tables
+    assert table.dead_letters == {"i.s.t": 2}
+    assert [(p.next_offset, p.lag) for p in table.partitions] == [(12, 0)]
 
 
 def test_lag_is_na_when_the_broker_cannot_say() -> None:
@@ -522,6 +552,20 @@ def test_sql_formats(sql_lake: tuple[Path, Settings]) -> None:
     assert "showing the first 2" in truncated.stdout
     empty = invoke([*base, "--format", "json", query + " LIMIT 0"])
     assert orjson.loads(empty.stdout) == []
+
+
+@pytest.mark.spark
+def test_sql_prints_timestamps_in_utc_whatever_tz_says(
+    sql_lake: tuple[Path, Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's session time zone is UTC; pyspark turns timestamps into naive datetimes of the process's zone, so
+    a user's TZ (here Tokyo, UTC+9) must not shift what `cdclake sql` prints."""
+    config, _settings = sql_lake
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    as_csv = invoke(["--config", str(config), "sql", "--format", "csv", TYPES_QUERY])
+    assert as_csv.exit_code == 0, as_csv.output
+    assert list(csv.reader(io.StringIO(as_csv.stdout)))[1][-1] == "2024-01-02 03:04:05"
 
 
 @pytest.mark.spark

@@ -94,6 +94,34 @@ source:
     assert "***" in message
 
 
+def test_every_configured_secret_is_redacted(tmp_path: Path) -> None:
+    """Not only the URI's password: its sslpassword (which Spark's JDBC URL carries, and Iceberg's connection error
+    prints), a password with an empty user name, and Spark settings that hold a secret or a URL with one."""
+    path = write(
+        tmp_path,
+        """
+lakehouse:
+  catalog_uri: postgresql+psycopg2://:Sup3rSecret@db/cat?sslmode=verify-full&sslpassword=KeyPass99
+spark:
+  conf:
+    spark.sql.catalog.lake.jdbc.password: JdbcPass77
+    spark.sql.catalog.lake.uri: jdbc:postgresql://proxy:5432/cat?user=u&password=UrlPass55&ssl=true
+    spark.hadoop.fs.s3a.secret.key: S3Secret44
+    spark.app.name: not-a-secret
+""",
+    )
+    settings = load_settings(path, environ={})
+    message = redact(
+        "Failed to connect: jdbc:postgresql://db/cat?sslmode=verify-full&sslpassword=KeyPass99 (Sup3rSecret), "
+        "JdbcPass77, jdbc:postgresql://proxy:5432/cat?user=u&password=UrlPass55&ssl=true, S3Secret44, not-a-secret",
+        settings,
+    )
+    for secret in ("KeyPass99", "Sup3rSecret", "JdbcPass77", "UrlPass55", "S3Secret44"):
+        assert secret not in message
+    assert "sslmode=verify-full" in message
+    assert "not-a-secret" in message
+
+
 def test_missing_env_reference_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n  consumer:\n    sasl.password: ${NOPE}\n")
     with pytest.raises(ConfigError, match=r"NOPE is referenced but not set"):

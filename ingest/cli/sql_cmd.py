@@ -40,34 +40,37 @@ QUIT_WORDS = frozenset({"exit", "quit", "\\q"})
 def split_statements(text: str) -> tuple[list[str], str]:
     """Complete ``;``-terminated statements of ``text`` and the unfinished rest.
 
-    Semicolons inside quotes ('...', "...", `...`), ``--`` line comments and ``/* */`` comments do not end a
-    statement. Returned statements are stripped and non-empty, without their ``;``.
+    Semicolons inside quotes ('...', "...", `...`; in raw strings r'...' a backslash escapes nothing), ``--`` line
+    comments and ``/* */`` comments (which nest, as in Spark SQL) do not end a statement. Returned statements are
+    stripped and non-empty, without their ``;``.
     """
     statements: list[str] = []
     start = 0
     i = 0
     quote: str | None = None
+    raw = False
     n = len(text)
     while i < n:
         char = text[i]
         if quote is not None:
-            if char == "\\" and quote != "`":
+            if char == "\\" and quote != "`" and not raw:
                 i += 2
                 continue
             if char == quote:
                 quote = None
         elif char in "'\"`":
             quote = char
+            raw = char != "`" and i > 0 and text[i - 1] in "rR" and not (i > 1 and _word_char(text[i - 2]))
         elif text.startswith("--", i):
             end = text.find("\n", i)
             if end < 0:
                 break
             i = end
         elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
+            end = _comment_end(text, i)
             if end < 0:
                 break
-            i = end + 1
+            i = end - 1
         elif char == ";":
             statement = text[start:i].strip()
             if _has_code(statement):
@@ -76,6 +79,28 @@ def split_statements(text: str) -> tuple[list[str], str]:
         i += 1
     rest = text[start:]
     return statements, rest if _has_code(rest) else ""
+
+
+def _word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _comment_end(text: str, start: int) -> int:
+    """Where the ``/* */`` comment at ``start`` ends (just past its ``*/``; comments nest), or -1 if it does not."""
+    depth = 0
+    i = start
+    while i < len(text):
+        if text.startswith("/*", i):
+            depth += 1
+            i += 2
+        elif text.startswith("*/", i):
+            depth -= 1
+            i += 2
+            if depth == 0:
+                return i
+        else:
+            i += 1
+    return -1
 
 
 def _has_code(text: str) -> bool:
@@ -88,8 +113,8 @@ def _has_code(text: str) -> bool:
             end = text.find("\n", i)
             i = n if end < 0 else end + 1
         elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
+            end = _comment_end(text, i)
+            i = n if end < 0 else end
         else:
             return True
     return False

@@ -1,0 +1,25 @@
+"""Iceberg snapshot lineage as `cdclake status` and `cdclake maintain` read it, and the silver property that names
+the bronze snapshot silver has applied (written by the dbt package's cdc_silver materialization)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
+
+
+def ancestors(table: Table) -> Iterator[Snapshot]:
+    """The current snapshot and its ancestors, newest first.
+
+    pyiceberg's ``ancestors_of`` looks each parent up with a scan of every snapshot, which makes a walk quadratic in
+    the table's snapshots (a bronze table committing every few seconds keeps tens of thousands): one dict instead.
+    """
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in table.snapshots()}
+    snapshot = table.current_snapshot()
+    while snapshot is not None:
+        yield snapshot
+        parent = snapshot.parent_snapshot_id
+        snapshot = by_id.get(parent) if parent is not None else None
