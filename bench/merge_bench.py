@@ -49,7 +49,13 @@ import pyarrow as pa
 
 from bench.docs import BENCHMARKS_DOC, replace_section
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, PARTITION_SOURCE_COLUMN, UTC_US
-from ingest.bronze.tables import KIND_PROPERTY, LAYOUT_PROPERTY, TABLE_PROPERTIES, TRUNCATES_PROPERTY
+from ingest.bronze.tables import (
+    KIND_PROPERTY,
+    LAYOUT_PROPERTY,
+    TABLE_PROPERTIES,
+    TRUNCATES_PROPERTY,
+    UNAVAILABLE_PROPERTY,
+)
 from ingest.config import Settings, load_settings
 from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, load_catalog, runtime_dir, spark_jars
@@ -179,9 +185,10 @@ def _write(spark: Any, bronze: Bronze, count: int, key_sql: str, op_sql: str, in
         .selectExpr(*ROW_SQL)
     )
     # Offsets (and so ingest days) increase within each task: no shuffle needed before writing. The snapshot
-    # summary's running count of truncates, as `cdclake ingest` keeps it (this bronze has none).
+    # summary's running counts of truncates and unavailable values, as `cdclake ingest` keeps them (none here).
     writer = frame.writeTo(bronze.identifier).option("distribution-mode", "none").option("fanout-enabled", "true")
-    writer.option(f"snapshot-property.{TRUNCATES_PROPERTY}", "0").append()
+    writer = writer.option(f"snapshot-property.{TRUNCATES_PROPERTY}", "0")
+    writer.option(f"snapshot-property.{UNAVAILABLE_PROPERTY}", "0").append()
     bronze.next_offset += count
 
 

@@ -12,7 +12,15 @@ import pytest
 from pyiceberg.table.snapshots import Operation
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
-from ingest.bronze.tables import OFFSETS_PROPERTY, TRUNCATES_PROPERTY, BronzeTables, decode_offsets, truncates_total
+from ingest.bronze.tables import (
+    OFFSETS_PROPERTY,
+    TRUNCATES_PROPERTY,
+    UNAVAILABLE_PROPERTY,
+    UNAVAILABLE_VALUE,
+    BronzeTables,
+    decode_offsets,
+    truncates_total,
+)
 from ingest.config import Settings
 from ingest.lakehouse import load_catalog
 from tests.conftest import FIXTURES, file_pipeline, ingest_file, make_settings, topic_counts
@@ -382,6 +390,27 @@ def test_seed_examples_land_typed(lakehouse: Path, source: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Merge on read is not yet supported")  # pyiceberg's delete of a whole file
+def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, tmp_path: Path) -> None:
+    """`cdclake.unavailable-total` counts the updates whose image holds Debezium's placeholder for a value it did
+    not read (an unchanged TOAST column): a text column only, and only in updates."""
+    from tests.silver_harness import Change, Topic
+
+    settings = make_settings(lakehouse)
+    topic = Topic("ifx.counts.toast")
+
+    def land(changes: list[Change]) -> str | None:
+        path = tmp_path / f"{topic.table}-{topic.next_offset}.jsonl"
+        path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
+        ingest_file(settings, path)
+        table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+        total: str | None = table.current_snapshot().summary.get(UNAVAILABLE_PROPERTY)
+        return total
+
+    assert land([Change("c", 1, 1, "a"), Change("c", 2, 2, UNAVAILABLE_VALUE)]) == "0"  # an insert's value is one
+    assert land([Change("u", 1, 3, UNAVAILABLE_VALUE), Change("u", 2, 4, "b"), Change("u", 2, 5, None)]) == "1"
+    assert land([Change("u", 1, 6, UNAVAILABLE_VALUE), Change("d", 2, 7)]) == "2"
+
+
 def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: Path) -> None:
     """Every bronze append records `cdclake.truncates-total` (the truncates of all appends so far) in its snapshot
     summary, which tells silver whether a unit of work holds one. After an append by another writer the count is

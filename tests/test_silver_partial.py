@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ingest.bronze.tables import UNAVAILABLE_VALUE
+from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay
 
@@ -57,6 +59,41 @@ def test_pk_only_updates_fold_across_the_unit_of_work(harness: SilverHarness, tm
     assert images(harness, topic) == {1: ("new", None), 2: ("x", 201)}
     assert harness.build(topic, "--full-refresh")
     assert images(harness, topic) == {1: ("new", None), 2: ("x", 201)}
+
+
+def test_unavailable_values_keep_the_keys_previous_value(harness: SilverHarness, tmp_path: Path) -> None:
+    """PostgreSQL's unchanged TOAST columns (Oracle's unchanged LOBs) come as Debezium's placeholder: the key keeps
+    its previous value for them, from silver or from earlier in the unit of work, while a null an update carries
+    stays null (no ignore_null_updates). The same in a history; unavailable_value=none takes the placeholder as
+    a value."""
+    topic = harness.topic("toast")
+    harness.apply(topic, [Change(C, 1, 10, "big-1", n=100), Change(C, 2, 20, "big-2", n=200)], tmp_path)
+    unit = [
+        Change(U, 1, 30, UNAVAILABLE_VALUE, n=101),
+        Change(C, 3, 31, "big-3", n=300),
+        Change(U, 3, 32, UNAVAILABLE_VALUE, n=301),
+        Change(U, 2, 33, None, n=201),
+    ]
+    harness.apply(topic, unit, tmp_path)
+    expected = {1: ("big-1", 101), 2: (None, 201), 3: ("big-3", 301)}
+    assert images(harness, topic) == expected
+    assert harness.build(topic, "--full-refresh")
+    assert images(harness, topic) == expected
+
+    history, literal = f"{topic.table}_history", f"{topic.table}_literal"
+    harness.write_model(topic, "history='scd2'", name=history)
+    harness.write_model(topic, "unavailable_value=none", name=literal)
+    assert run_dbt(harness.settings, ["build", "--select", history, literal])
+    rows = harness.rows(f"silver.{history}", "id, v, n, _cdc_valid_from[0] as at", "id, at")
+    assert [(row["id"], row["at"], row["v"], row["n"]) for row in rows] == [
+        (1, 10, "big-1", 100),
+        (1, 30, "big-1", 101),
+        (2, 20, "big-2", 200),
+        (2, 33, None, 201),
+        (3, 31, "big-3", 300),
+        (3, 32, "big-3", 301),
+    ]
+    assert harness.rows(f"silver.{literal}", "id, v", "id")[0] == {"id": 1, "v": UNAVAILABLE_VALUE}
 
 
 def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:

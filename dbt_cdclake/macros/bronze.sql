@@ -79,17 +79,18 @@
   metadata, a summary from before main moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
-  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none} -%}
+  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none} -%}
   {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
     {{ return(unwritten) }}
   {%- endif -%}
   {%- set total = "summary['cdclake.truncates-total']" -%}
+  {%- set unavailable = "summary['cdclake.unavailable-total']" -%}
   {%- set start_id = 'null' if start is none else (start | int) -%}
-  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
+  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id], s.unavailable[" ~ start_id ~ "], s.unavailable[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals, map_from_entries(collect_list(struct(snapshot_id, " ~ unavailable ~ "))) as unavailable from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
   {%- if not rows -%}{{ return(unwritten) }}{%- endif -%}
   {%- set row = rows[0] -%}
-  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2]}) }}
+  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2], 'end_unavailable': row[5], 'start_unavailable': row[4]}) }}
 {%- endmacro %}
 
 
@@ -100,6 +101,16 @@
 {% macro truncate_free(snapshots, start) -%}
   {%- set before = '0' if start is none else snapshots.start_truncates -%}
   {{ return(snapshots.end_truncates is not none and before is not none and snapshots.end_truncates == before) }}
+{%- endmacro %}
+
+
+{#-
+  Whether the unit of work is known to hold no update with Debezium's unavailable-value placeholder (an unchanged
+  TOAST column), from the running counts `cdclake ingest` keeps (`cdclake.unavailable-total`), as for truncates.
+-#}
+{% macro unavailable_free(snapshots, start) -%}
+  {%- set before = '0' if start is none else snapshots.start_unavailable -%}
+  {{ return(snapshots.end_unavailable is not none and before is not none and snapshots.end_unavailable == before) }}
 {%- endmacro %}
 
 

@@ -1,7 +1,10 @@
 {#-
   Partial images, completed before net effect. Some updates carry only some columns: Oracle with PK-only
-  supplemental logging (nulls for the columns the update did not touch; config ignore_null_updates=true) and
-  MongoDB without a full `after` (capture.mode change_streams: updateDescription; oplog: patch). Such an update
+  supplemental logging (nulls for the columns the update did not touch; config ignore_null_updates=true),
+  PostgreSQL's unchanged TOAST columns and Oracle's unchanged LOBs (Debezium's placeholder
+  `__debezium_unavailable_value` instead of the value; config unavailable_value names another placeholder, none
+  turns this off) and MongoDB without a full `after` (capture.mode change_streams: updateDescription; oplog:
+  patch). Such an update
   is folded onto the key's previous image: the updates since the key's last full image (c/r, a full MongoDB
   update, or nothing after a d/t) are applied in order, on top of that image or, when the unit of work holds
   none, on top of what silver holds for the key. The bronze rows come out with `after` complete, so net effect,
@@ -14,14 +17,19 @@
   the event: never a partial or wrong document.
 -#}
 
-{% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history) -%}
-  {{ return(adapter.dispatch('fold_partial_images', 'cdclake')(bronze, changes, layout, target, tombstones, delete_mode, history)) }}
+{% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
+  {{ return(adapter.dispatch('fold_partial_images', 'cdclake')(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable)) }}
 {%- endmacro %}
 
-{#- The relation to read the unit of work from: `changes` itself, or a cached relation of it with `after` folded. -#}
-{% macro default__fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history) -%}
+{#- The relation to read the unit of work from: `changes` itself, or a cached relation of it with `after` folded.
+    `probe_unavailable`: false when bronze's counts say the unit holds no placeholder (see unavailable_free). -#}
+{% macro default__fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
   {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
-  {%- if not layout.document and not ignore_nulls %}{{ return(changes) }}{% endif -%}
+  {%- set placeholder = none -%}
+  {%- if not layout.document -%}
+    {%- set placeholder = cdclake.unavailable_placeholder_in(bronze, changes, probe_unavailable) -%}
+    {%- if not ignore_nulls and placeholder is none %}{{ return(changes) }}{% endif -%}
+  {%- endif -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
   {%- if layout.document -%}
     {%- if ignore_nulls -%}
@@ -36,7 +44,7 @@
       them again in every query that reads a temporary view stored as SQL text (seconds each). -#}
   {%- set stored = run_query('set spark.sql.legacy.storeAnalyzedPlanForView').rows[0][1] -%}
   {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=true') %}
-  {% do run_query('cache table ' ~ folded ~ ' as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history)) %}
+  {% do run_query('cache table ' ~ folded ~ ' as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder)) %}
   {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
   {%- if layout.document -%}
     {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
@@ -46,6 +54,32 @@
     {%- endif -%}
   {%- endif -%}
   {{ return(folded) }}
+{%- endmacro %}
+
+
+{#- The placeholder (config unavailable_value) when the unit of work may hold it in an update's text, bytes or text
+    array column, else none: bronze's counts rule it out (`probe`: false; only for Debezium's default placeholder,
+    which is what `cdclake ingest` counts), the images have no such column, or a query over the updates finds none. -#}
+{% macro unavailable_placeholder_in(bronze, changes, probe) -%}
+  {%- set default = '__debezium_unavailable_value' -%}
+  {%- set placeholder = config.get('unavailable_value', default) -%}
+  {%- if placeholder is none or (not probe and placeholder == default) %}{{ return(none) }}{% endif -%}
+  {%- set after_type = cdclake.describe_columns(bronze).get('after', '') -%}
+  {%- if ':string' not in after_type and ':binary' not in after_type and '<string>' not in after_type %}{{ return(none) }}{% endif -%}
+  {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
+  {{ return(placeholder if found > 0 else none) }}
+{%- endmacro %}
+
+{#- Whether image field `field` of a bronze row holds `placeholder` (text, bytes as text, or a text array's only
+    element: how Debezium writes it for each). -#}
+{% macro unavailable_sql(field, placeholder) -%}
+  {%- set literal = "'" ~ (placeholder | replace("\\", "\\\\") | replace("'", "\\'")) ~ "'" -%}
+  cast(after.{{ cdclake.quote(field) }} as string) in ({{ literal }}, concat('[', {{ literal }}, ']'))
+{%- endmacro %}
+
+{% macro unavailable_any_sql(fields, placeholder) -%}
+  {%- for field in fields %}{{ cdclake.unavailable_sql(field, placeholder) }}{% if not loop.last %} or {% endif %}{% endfor -%}
 {%- endmacro %}
 
 
@@ -59,7 +93,7 @@
 {%- endmacro %}
 
 
-{% macro fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history) -%}
+{% macro fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder=none) -%}
   {%- set columns = run_query('select * from ' ~ changes ~ ' where false').column_names -%}
   {%- set fields = [] if layout.document else cdclake.struct_field_names(bronze, 'after') -%}
   {%- set partition = [] -%}
@@ -80,8 +114,14 @@ with unit as (
     {{ cdclake.document_image_sql(types) }} as _cdc_doc,
     {{ cdclake.document_edits_sql(types, cdclake.change_event_sql('')) }} as _cdc_edits
     {%- else %}
+    {#- Each image value as struct(v): null when the update does not carry it (folded from the image before),
+        so that a null the update does carry stays a value. -#}
+    {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
     {%- for field in fields %}
-    after.{{ cdclake.quote(field) }} as _cdc_v{{ loop.index0 }},
+    {%- set missing = [] -%}
+    {%- if ignore_nulls %}{% do missing.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
+    {%- if placeholder is not none %}{% do missing.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif %}
+    case when op = 'u' and ({{ missing | join(' or ') }}) then null else named_struct('v', after.{{ cdclake.quote(field) }}) end as _cdc_v{{ loop.index0 }},
     {%- endfor %}
     op <> 'u' as _cdc_full
     {%- endif %}
@@ -158,8 +198,8 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     {%- set keys = {} -%}
     {%- for key in layout.key_columns %}{% do keys.update({key | lower: key}) %}{% endfor -%}
     {%- for field in fields -%}
-      {%- if alias is not none and field in layout.image_columns -%}case when {{ deleted }} then null else {{ alias }}.{{ cdclake.quote(field) }} end
-      {%- elif alias is not none and field | lower in keys -%}{{ alias }}.{{ cdclake.quote(keys[field | lower]) }}
+      {%- if alias is not none and field in layout.image_columns -%}case when {{ deleted }} then null else named_struct('v', {{ alias }}.{{ cdclake.quote(field) }}) end
+      {%- elif alias is not none and field | lower in keys -%}named_struct('v', {{ alias }}.{{ cdclake.quote(keys[field | lower]) }})
       {%- else -%}null{%- endif -%}
       {%- if not loop.last %}, {% endif -%}
     {%- endfor -%}
@@ -180,7 +220,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
   end
   {%- else -%}
   case when _cdc_row.op = 'u' then named_struct(
-    {%- for field in fields %}'{{ field | replace("\\", "\\\\") | replace("'", "\\'") }}', _cdc_v{{ loop.index0 }}{% if not loop.last %}, {% endif %}{% endfor -%}
+    {%- for field in fields %}'{{ field | replace("\\", "\\\\") | replace("'", "\\'") }}', _cdc_v{{ loop.index0 }}.v{% if not loop.last %}, {% endif %}{% endfor -%}
   ) else _cdc_row.after end
   {%- endif -%}
 {%- endmacro %}

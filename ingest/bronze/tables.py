@@ -41,6 +41,10 @@ COMMIT_ID_PROPERTY = "cdclake.commit-id"
 # Snapshot summary: how many truncate records (op 't') the table's appends hold up to this snapshot. Two snapshots'
 # counts tell a silver run whether its unit of work has a truncate, without reading the unit for one.
 TRUNCATES_PROPERTY = "cdclake.truncates-total"
+# Likewise for updates whose image holds Debezium's placeholder for a value it did not read (PostgreSQL's unchanged
+# TOAST columns, Oracle's unchanged LOBs): silver keeps the key's previous value for those columns.
+UNAVAILABLE_PROPERTY = "cdclake.unavailable-total"
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -215,9 +219,10 @@ class BronzeTables:
         # The crash test kills the process between these two lines (data files written, catalog not yet updated).
         log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
         summary = {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id}
-        total = truncates_total(table)
-        if total is not None:
-            summary[TRUNCATES_PROPERTY] = str(total + count_truncates(data))
+        for key, count in ((TRUNCATES_PROPERTY, count_truncates), (UNAVAILABLE_PROPERTY, count_unavailable)):
+            total = running_total(table, key)
+            if total is not None:
+                summary[key] = str(total + count(data))
         with table.transaction() as transaction:
             append(transaction, data, summary)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
@@ -250,16 +255,49 @@ def count_truncates(data: pa.Table) -> int:
     return int(pc.sum(pc.equal(data["op"], "t")).as_py() or 0)
 
 
+def count_unavailable(data: pa.Table) -> int:
+    """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column
+    (or as the only element of a text array)."""
+    if "op" not in data.column_names or "after" not in data.column_names:
+        return 0
+    after = data["after"].combine_chunks()
+    if not pa.types.is_struct(after.type):
+        return 0  # schemaless: the image is JSON text
+    found = None
+    for index in range(after.type.num_fields):
+        child = after.field(index)
+        if pa.types.is_string(child.type) or pa.types.is_large_string(child.type):
+            hit = pc.equal(child, UNAVAILABLE_VALUE)
+        elif pa.types.is_binary(child.type) or pa.types.is_large_binary(child.type):
+            hit = pc.equal(child, pa.scalar(UNAVAILABLE_VALUE.encode(), child.type))
+        elif pa.types.is_list(child.type) and pa.types.is_string(child.type.value_type):
+            hit = pc.and_(
+                pc.equal(pc.list_value_length(child), 1), pc.equal(pc.list_element(child, 0), UNAVAILABLE_VALUE)
+            )
+        else:
+            continue
+        found = hit if found is None else pc.or_kleene(found, hit)
+    if found is None:
+        return 0
+    updates = pc.equal(data["op"].combine_chunks(), "u")
+    return int(pc.sum(pc.and_(updates, pc.fill_null(found, False))).as_py() or 0)
+
+
 def truncates_total(table: Table) -> int | None:
-    """The running count of truncate records up to the table's current snapshot (0 for a table without one): the
-    newest snapshot summary's count, passing snapshots that add no rows an incremental read sees (compaction's
-    replace, a delete). None when an append without the count comes first (another writer's, or cdclake's before it
-    kept one) or the chain reaches an expired snapshot: silver then reads its unit for truncates."""
+    """The running count of truncate records up to the table's current snapshot (see ``running_total``)."""
+    return running_total(table, TRUNCATES_PROPERTY)
+
+
+def running_total(table: Table, key: str) -> int | None:
+    """A running count (``key``: truncates, unavailable values) up to the table's current snapshot (0 for a table
+    without one): the newest snapshot summary's count, passing snapshots that add no rows an incremental read sees
+    (compaction's replace, a delete). None when an append without the count comes first (another writer's, or
+    cdclake's before it kept one) or the chain reaches an expired snapshot: silver then reads its unit instead."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return 0
     while snapshot is not None and snapshot.summary is not None:
-        value = snapshot.summary.get(TRUNCATES_PROPERTY)
+        value = snapshot.summary.get(key)
         if value is not None:
             return int(value)
         if (

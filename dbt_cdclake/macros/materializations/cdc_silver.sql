@@ -10,12 +10,15 @@
   with _cdc_deleted = true (delete_mode='soft').
 
   Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept), batch_catalog,
-  ignore_null_updates (partial images: a null in an update keeps the key's previous value), tombstone_horizon_days,
+  ignore_null_updates (partial images: a null in an update keeps the key's previous value), unavailable_value
+  (Debezium's unavailable.value.placeholder, default '__debezium_unavailable_value'; none: taken as a value),
+  tombstone_horizon_days,
   history ('current', default | 'scd2': one row per version of each key, see scd2.sql), on_schema_change
   ('append_new_columns', default | 'ignore' | 'fail': columns the source added, see evolve_silver_schema).
 
-  Partial images (ignore_null_updates; MongoDB updates without a full document) are folded onto the key's previous
-  image before net effect (partial_images.sql), so every path below sees full images.
+  Partial images (ignore_null_updates; Debezium's placeholder for an unchanged TOAST or LOB column, config
+  unavailable_value; MongoDB updates without a full document) are folded onto the key's previous image before net
+  effect (partial_images.sql), so every path below sees full images.
 
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
@@ -86,7 +89,7 @@
     {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
-    {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
+    {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
@@ -101,7 +104,7 @@
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
-    {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history) -%}
+    {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = sql | replace(bronze | string, folded) -%}
     {#- A soft-deleted row keeps its key's last values (net_effect_sql; without one in the unit: silver's). -#}
     {%- if delete_mode == 'soft' %}{% do layout.update({'keep_deleted_images': true}) %}{% endif -%}
