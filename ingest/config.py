@@ -330,7 +330,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
 def _uri_secrets(uri: str) -> list[str]:
     """The password of a URI's user info and the values of its secret-named query parameters (``sslpassword``)."""
     found = []
-    user_password = re.search(r"://[^:/@?]*:([^@/?]+)@", uri)
+    user_password = re.search(r"://[^:/@?]*:([^@]+)@", uri)
     if user_password:
         found.append(user_password.group(1))
     for name, value in re.findall(r"[?&;]([^=&;?]+)=([^&;]*)", uri):
@@ -346,7 +346,9 @@ def redact(text: str, settings: Settings) -> str:
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
     secrets += _uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
     for key, value in settings.spark.conf.items():
-        secrets += [value] if SECRET_KEY_PATTERN.search(key) else _uri_secrets(value)
+        # A switch or a number is no secret (spark.security.credentials.hive.enabled: false would hide every "false").
+        plain = value.lower() in ("true", "false") or value.isdigit()
+        secrets += [value] if SECRET_KEY_PATTERN.search(key) and not plain else _uri_secrets(value)
     # As written, and as the drivers use them (percent-decoded).
     candidates = {form for secret in secrets for form in (secret, unquote(secret))}
     for secret in sorted({s for s in candidates if len(s) >= 4}, key=len, reverse=True):

@@ -26,6 +26,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
+from ingest.bronze.dead_letters import dead_lettered_offsets
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
@@ -386,10 +387,10 @@ def collect_status(
             continue
         last_commit, last_from = last_ingest_commit(table)
         current = table.current_snapshot()
-        offsets = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
-        # A partition whose latest records were dead letters: the dead-letter table's offset is past the data
-        # table's (which moves only with a record of its own), and those records are not lag.
-        offsets = {tp: max(offset, dead_offsets.get(tp, offset)) for tp, offset in offsets.items()}
+        offsets = {
+            tp: _landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset))
+            for tp, offset in decode_offsets(table.properties.get(OFFSETS_PROPERTY)).items()
+        }
         status = BronzeStatus(
             name=name,
             table=identifier,
@@ -437,6 +438,19 @@ def collect_status(
         dead_letters_without_table=dict(sorted(orphans.items())),
         lag_checked=lag_checked,
     )
+
+
+def _landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
+    """Where a partition's landed records end: the data table's offset moves only with a record of its own, so past
+    it come the records the dead-letter table holds (a partition whose latest records were dead letters has no lag).
+    Only a run of consecutive ones: records the dead-letter commit's flush did not get into the data table (its
+    commit failed after the dead letters') are not landed."""
+    if dead_table is None or dead_offset <= offset:
+        return offset
+    held = dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset)
+    while offset in held:
+        offset += 1
+    return offset
 
 
 def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:

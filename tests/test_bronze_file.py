@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 from pyiceberg.table.snapshots import Operation
 
@@ -18,6 +19,7 @@ from ingest.bronze.tables import (
     UNAVAILABLE_PROPERTY,
     UNAVAILABLE_VALUE,
     BronzeTables,
+    count_unavailable,
     decode_offsets,
     truncates_total,
 )
@@ -409,6 +411,23 @@ def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, t
     assert land([Change("c", 1, 1, "a"), Change("c", 2, 2, UNAVAILABLE_VALUE)]) == "0"  # an insert's value is one
     assert land([Change("u", 1, 3, UNAVAILABLE_VALUE), Change("u", 2, 4, "b"), Change("u", 2, 5, None)]) == "1"
     assert land([Change("u", 1, 6, UNAVAILABLE_VALUE), Change("d", 2, 7)]) == "2"
+
+
+def test_unavailable_values_are_counted_in_text_bytes_and_text_arrays() -> None:
+    """Debezium writes the placeholder as the text, as its bytes, or as a text array's only element; an empty or
+    null array is no placeholder (and must not fail the count: it runs in every commit)."""
+    placeholder = UNAVAILABLE_VALUE
+    fields = [("s", pa.string()), ("b", pa.binary()), ("tags", pa.list_(pa.string())), ("n", pa.int64())]
+    rows = [
+        {"s": placeholder, "b": None, "tags": [], "n": 1},  # an update: counted
+        {"s": "x", "b": placeholder.encode(), "tags": None, "n": 2},  # counted
+        {"s": "x", "b": None, "tags": [placeholder], "n": 3},  # counted
+        {"s": "x", "b": None, "tags": [placeholder, "y"], "n": 4},
+        {"s": None, "b": None, "tags": ["a"], "n": 5},
+        {"s": placeholder, "b": None, "tags": [], "n": 6},  # an insert: its value
+    ]
+    data = pa.table({"op": ["u", "u", "u", "u", "u", "c"], "after": pa.array(rows, pa.struct(fields))})
+    assert count_unavailable(data) == 3
 
 
 def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: Path) -> None:

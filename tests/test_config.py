@@ -108,6 +108,7 @@ spark:
     spark.sql.catalog.lake.uri: jdbc:postgresql://proxy:5432/cat?user=u&password=UrlPass55&ssl=true
     spark.hadoop.fs.s3a.secret.key: S3Secret44
     spark.app.name: not-a-secret
+    spark.security.credentials.hive.enabled: "false"
 """,
     )
     settings = load_settings(path, environ={})
@@ -120,6 +121,11 @@ spark:
         assert secret not in message
     assert "sslmode=verify-full" in message
     assert "not-a-secret" in message
+    assert redact("lag_checked: false", settings) == "lag_checked: false"
+    # A password with a raw '/' (SQLAlchemy reads everything up to the '@').
+    raw_slash = "lakehouse:\n  catalog_uri: postgresql://cdc:ab/cd1@db/catalog\n"
+    slash = load_settings(write(tmp_path, raw_slash), environ={})
+    assert "ab/cd1" not in redact("could not connect as cdc with ab/cd1", slash)
 
 
 def test_missing_env_reference_is_named(tmp_path: Path) -> None:

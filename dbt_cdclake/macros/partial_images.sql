@@ -57,15 +57,14 @@
 {%- endmacro %}
 
 
-{#- The placeholder (config unavailable_value) when the unit of work may hold it in an update's text, bytes or text
+{#- The placeholder (config unavailable_value) when the unit of work holds it in an update's text, bytes or text
     array column, else none: bronze's counts rule it out (`probe`: false; only for Debezium's default placeholder,
-    which is what `cdclake ingest` counts), the images have no such column, or a query over the updates finds none. -#}
+    which is what `cdclake ingest` counts) or a query over the updates finds none. (Not decided from the type of
+    `after` that `describe` prints: Spark cuts a wide struct's type short.) -#}
 {% macro unavailable_placeholder_in(bronze, changes, probe) -%}
   {%- set default = '__debezium_unavailable_value' -%}
   {%- set placeholder = config.get('unavailable_value', default) -%}
   {%- if placeholder is none or (not probe and placeholder == default) %}{{ return(none) }}{% endif -%}
-  {%- set after_type = cdclake.describe_columns(bronze).get('after', '') -%}
-  {%- if ':string' not in after_type and ':binary' not in after_type and '<string>' not in after_type %}{{ return(none) }}{% endif -%}
   {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
   {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}

@@ -271,8 +271,12 @@ def count_unavailable(data: pa.Table) -> int:
         elif pa.types.is_binary(child.type) or pa.types.is_large_binary(child.type):
             hit = pc.equal(child, pa.scalar(UNAVAILABLE_VALUE.encode(), child.type))
         elif pa.types.is_list(child.type) and pa.types.is_string(child.type.value_type):
+            # The rows whose only element is the placeholder (list_element would fail on an empty list).
+            element_hits = pc.fill_null(pc.equal(pc.list_flatten(child), UNAVAILABLE_VALUE), False)
+            rows = pc.filter(pc.list_parent_indices(child), element_hits).cast(pa.int64())
             hit = pc.and_(
-                pc.equal(pc.list_value_length(child), 1), pc.equal(pc.list_element(child, 0), UNAVAILABLE_VALUE)
+                pc.equal(pc.list_value_length(child), 1),
+                pc.is_in(pa.array(range(len(child)), pa.int64()), value_set=rows),
             )
         else:
             continue
