@@ -392,6 +392,17 @@ def test_seed_examples_land_typed(lakehouse: Path, source: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Merge on read is not yet supported")  # pyiceberg's delete of a whole file
+def land_and_read_count(settings: Settings, topic: Any, changes: list[Any], directory: Path, key: str) -> str | None:
+    """Land ``changes`` (silver_harness Changes of ``topic``) and read the running count ``key`` from the summary of
+    bronze's newest snapshot."""
+    path = directory / f"{topic.table}-{topic.next_offset}.jsonl"
+    path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
+    ingest_file(settings, path)
+    table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+    total: str | None = table.current_snapshot().summary.get(key)
+    return total
+
+
 def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, tmp_path: Path) -> None:
     """`cdclake.unavailable-total` counts the updates whose image holds Debezium's placeholder for a value it did
     not read (an unchanged TOAST column): a text column only, and only in updates."""
@@ -401,12 +412,8 @@ def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, t
     topic = Topic("ifx.counts.toast")
 
     def land(changes: list[Change]) -> str | None:
-        path = tmp_path / f"{topic.table}-{topic.next_offset}.jsonl"
-        path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
-        ingest_file(settings, path)
-        table = load_catalog(settings).load_table(f"bronze.{topic.table}")
-        total: str | None = table.current_snapshot().summary.get(UNAVAILABLE_PROPERTY)
-        return total
+        count: str | None = land_and_read_count(settings, topic, changes, tmp_path, UNAVAILABLE_PROPERTY)
+        return count
 
     assert land([Change("c", 1, 1, "a"), Change("c", 2, 2, UNAVAILABLE_VALUE)]) == "0"  # an insert's value is one
     assert land([Change("u", 1, 3, UNAVAILABLE_VALUE), Change("u", 2, 4, "b"), Change("u", 2, 5, None)]) == "1"
@@ -440,12 +447,8 @@ def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: 
     topic = Topic("ifx.counts.orders")
 
     def land(changes: list[Change]) -> str | None:
-        path = tmp_path / f"{topic.table}-{topic.next_offset}.jsonl"
-        path.write_bytes(b"\n".join(orjson.dumps(line) for line in topic.records(changes)) + b"\n")
-        ingest_file(settings, path)
-        table = load_catalog(settings).load_table(f"bronze.{topic.table}")
-        total: str | None = table.current_snapshot().summary.get(TRUNCATES_PROPERTY)
-        return total
+        count: str | None = land_and_read_count(settings, topic, changes, tmp_path, TRUNCATES_PROPERTY)
+        return count
 
     assert land([Change("c", 1, 1, "a"), Change("c", 2, 2, "b")]) == "0"
     assert land([Change("t", 0, 3), Change("c", 3, 4, "c"), Change("t", 0, 5)]) == "2"
