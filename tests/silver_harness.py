@@ -22,6 +22,7 @@ from ingest.bronze.tables import BronzeTables
 from ingest.config import Settings
 from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
+from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.lakehouse import PROJECT_ROOT, load_catalog
 from ingest.pipeline import Pipeline
 from ingest.sources.file import FileSource
@@ -249,16 +250,7 @@ MONGO_ENVELOPE_SCHEMA = {
         },
         {"type": "string", "optional": True, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"},
-        {
-            "type": "struct",
-            "optional": True,
-            "field": "transaction",
-            "fields": [
-                {"type": "string", "optional": False, "field": "id"},
-                {"type": "int64", "optional": False, "field": "total_order"},
-                {"type": "int64", "optional": False, "field": "data_collection_order"},
-            ],
-        },
+        TxMetaStyle(v2=False).block_schema(),
     ],
 }
 
@@ -301,9 +293,7 @@ class MongoChange:
             "source": {"connector": "mongodb", "rs": "rs0", "ts_ms": self.sec * 1000, "ord": self.ord},
             "op": self.op,
             "ts_ms": self.sec * 1000 + 5,
-            "transaction": None
-            if self.place is None
-            else {"id": f"tx{self.sec}.{self.ord}", "total_order": self.place, "data_collection_order": self.place},
+            "transaction": None if self.place is None else block(f"tx{self.sec}.{self.ord}", self.place, self.place),
         }
 
 
