@@ -35,6 +35,7 @@ from tests.conftest import FIXTURES
 
 INGESTED_AT = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.UTC)
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+PG_TOAST_DUMP = FIXTURES / "debezium" / "postgres" / "toast.jsonl"
 SEEDS = sorted((FIXTURES / "debezium" / "seeds").glob("*.jsonl"))
 
 
@@ -150,6 +151,15 @@ def test_real_postgres_stream(poll: int) -> None:
     assert DEAD_LETTER_TABLE in tables  # the oversized numeric
     if poll == 5000:
         assert fast_share(records) > 0.5
+
+
+@pytest.mark.parametrize("poll", [5000, 3])
+def test_real_postgres_toast_stream(poll: int) -> None:
+    """Placeholders of unchanged TOASTed values (text, bytes, a text array) type like any value, on both paths."""
+    records = file_records(PG_TOAST_DUMP)
+    assert DEAD_LETTER_TABLE not in assert_same(records, poll=poll)
+    if poll == 5000:
+        assert fast_share(records) > 0.9
 
 
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
