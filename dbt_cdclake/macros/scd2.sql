@@ -232,8 +232,13 @@ select * from dropped
   {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
   {% do run_query('uncache table if exists ' ~ rows) %}
   {% do run_query('drop view if exists ' ~ rows) %}
-  {#- Materialized once: the MERGE changes what a lazy view over silver would return. -#}
+  {#- Materialized once: the MERGE changes what a lazy view over silver would return. Kept with its analyzed plan,
+      as the folded images are (partial_images.sql): each statement that reads a view stored as SQL text analyzes
+      it again; measured on a one-change MongoDB unit, a build took a fifth less with the plan kept. -#}
+  {%- set stored = run_query('set spark.sql.legacy.storeAnalyzedPlanForView').rows[0][1] -%}
+  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=true') %}
   {% do run_query('cache table ' ~ rows ~ ' as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, has_truncate)) %}
+  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
   {%- if existing is none -%}
     {%- if delete_mode == 'hard' -%}
       {% do run_query('drop table if exists ' ~ tombstones) %}
