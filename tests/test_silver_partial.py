@@ -381,7 +381,7 @@ def test_an_update_that_cannot_be_folded_fails_the_run(
     log = (harness.project / "logs" / "dbt.log").read_text()
     offset = len(changes) - 1
     event = f'key {{"id":"7"}} ({topic.name} partition 0 offset {offset})'
-    assert f"cdclake: model '{topic.table}': cannot fold the MongoDB update of {event}: {reason}" in log
+    assert f"cdclake: model '{topic.table}': cannot fold the update of {event}: {reason}" in log
     assert harness.spark.sql(f"show tables in silver like '{topic.table}'").count() == 0  # nothing written
 
 

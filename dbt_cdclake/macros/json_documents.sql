@@ -1,6 +1,7 @@
 {#-
   JSON documents edited in Spark SQL (no UDFs, so the same SQL runs through the Spark Thrift Server): what folds
-  MongoDB partial updates (updateDescription, legacy oplog patch) into the document silver holds.
+  MongoDB partial updates (updateDescription, legacy oplog patch), and schemaless images holding Debezium's
+  unavailable-value placeholder, into the document silver holds.
 
   Values are moved as raw JSON text, never through a typed parse, so a value keeps its JSON type ("1" stays a
   string, 1 a number, {"$numberLong": "1"} an object). The trick: get_json_object on the document wrapped in
@@ -55,7 +56,7 @@
 {#- An error, as a value: text between two NUL characters, which JSON text never holds raw. It passes through the
     edits that follow and comes out in the folded document (see json_error_message). -#}
 {% macro json_error(event, why) -%}
-  concat(chr(0), 'cannot fold the MongoDB update of ', {{ event }}, ': ', {{ why }}, chr(0))
+  concat(chr(0), 'cannot fold the update of ', {{ event }}, ': ', {{ why }}, chr(0))
 {%- endmacro %}
 
 

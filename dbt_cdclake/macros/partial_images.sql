@@ -35,8 +35,13 @@
     {%- if ignore_nulls -%}
       {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': ignore_null_updates applies to typed row images; " ~ bronze ~ " holds documents, whose partial updates (updateDescription, patch) are folded without it") }}
     {%- endif -%}
-    {%- if 'updateDescription' not in types and 'patch' not in types %}{{ return(changes) }}{% endif -%}
-    {%- if run_query("select count(*) from " ~ changes ~ " where op = 'u' and after is null").rows[0][0] == 0 %}{{ return(changes) }}{% endif -%}
+    {%- if 'updateDescription' not in types and 'patch' not in types -%}
+      {#- Schemaless images of another connector (JSON text): only placeholders to fold. -#}
+      {%- set placeholder = cdclake.unavailable_document_placeholder_in(changes, probe_unavailable) -%}
+      {%- if placeholder is none %}{{ return(changes) }}{% endif -%}
+    {%- elif run_query("select count(*) from " ~ changes ~ " where op = 'u' and after is null").rows[0][0] == 0 -%}
+      {{ return(changes) }}
+    {%- endif -%}
   {%- endif -%}
   {%- set folded = model.alias ~ '__cdc_folded' -%}
   {% do cdclake.drop_folded_images() %}
@@ -68,6 +73,40 @@
   {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
   {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
+{%- endmacro %}
+
+{#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, as a JSON string or the
+    base64 of its bytes, else none; `probe` as above. (A cheap text search: each member is checked when folding.) -#}
+{% macro unavailable_document_placeholder_in(changes, probe) -%}
+  {%- set default = '__debezium_unavailable_value' -%}
+  {%- set placeholder = config.get('unavailable_value', default) -%}
+  {%- if placeholder is none or (not probe and placeholder == default) %}{{ return(none) }}{% endif -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (instr(after, " ~ cdclake.json_placeholder_sql(placeholder) ~ ") > 0 or instr(after, " ~ cdclake.json_placeholder_sql(placeholder, true) ~ ") > 0)").rows[0][0] -%}
+  {{ return(placeholder if found > 0 else none) }}
+{%- endmacro %}
+
+{#- The placeholder as raw JSON: a JSON string, or (`bytes`) the JSON string of its bytes in base64. -#}
+{% macro json_placeholder_sql(placeholder, bytes=false) -%}
+  {%- set literal = "'" ~ (placeholder | replace("\\", "\\\\") | replace("'", "\\'")) ~ "'" -%}
+  {%- set text = "base64(encode(" ~ literal ~ ", 'UTF-8'))" if bytes else literal -%}
+  {{ cdclake.json_quoted(text) }}
+{%- endmacro %}
+
+{#- Whether raw JSON `member` of a schemaless image is the placeholder: its text, its bytes, or a text array of it. -#}
+{% macro json_is_placeholder_sql(member, placeholder) -%}
+  {{ member }} in ({{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
+    concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'))
+{%- endmacro %}
+
+{#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
+    each a top-level key (a column name, never a dotted path); null when it holds none (a full image). -#}
+{% macro json_placeholder_edits_sql(placeholder, event) -%}
+  case when op = 'u' and left(trim(after), 1) = '{'
+      and exists(json_object_keys(after), _cdc_k -> {{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})
+    then transform(filter(json_object_keys(after), _cdc_k -> not ({{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})),
+      _cdc_k -> named_struct('op', 'set', 'path', array(_cdc_k), 'value', {{ cdclake.json_member('after', '_cdc_k', event) }},
+        'size', cast(null as int), 'event', {{ event }}))
+  end
 {%- endmacro %}
 
 {#- Whether image field `field` of a bronze row holds `placeholder` (text, bytes as text, or a text array's only
@@ -109,7 +148,11 @@ with unit as (
     {{ layout.key_exprs[key] }} as _cdc_fk{{ loop.index0 }},
     {%- endfor %}
     named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
-    {%- if layout.document %}
+    {%- if layout.document and placeholder is not none %}
+    case when op = 'u' and left(trim(after), 1) = '{' and exists(json_object_keys(after), _cdc_k ->
+      {{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', cdclake.change_event_sql('')), placeholder) }}) then null else after end as _cdc_doc,
+    {{ cdclake.json_placeholder_edits_sql(placeholder, cdclake.change_event_sql('')) }} as _cdc_edits
+    {%- elif layout.document %}
     {{ cdclake.document_image_sql(types) }} as _cdc_doc,
     {{ cdclake.document_edits_sql(types, cdclake.change_event_sql('')) }} as _cdc_edits
     {%- else %}
@@ -178,7 +221,7 @@ folded as (
 )
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
@@ -207,14 +250,15 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
 
 
 {#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win), unless
-    `every` (history, soft deletes). -#}
-{% macro folded_image_sql(layout, fields, every) -%}
+    `every` (history, soft deletes). `placeholders`: documents fold unavailable-value placeholders, and one with no
+    earlier value stays without one (as in typed images: last_value over nulls) instead of failing the run. -#}
+{% macro folded_image_sql(layout, fields, every, placeholders=false) -%}
   {%- if layout.document -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
-      case when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
-        else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), trim(_cdc_base),
+      case when {{ 'false' if placeholders else '_cdc_base is null' }} then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
+        else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},
           (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }}) end
   end
   {%- else -%}
