@@ -96,6 +96,30 @@ def test_unavailable_values_keep_the_keys_previous_value(harness: SilverHarness,
     assert harness.rows(f"silver.{literal}", "id, v", "id")[0] == {"id": 1, "v": UNAVAILABLE_VALUE}
 
 
+def test_unavailable_values_in_schemaless_images(harness: SilverHarness, tmp_path: Path) -> None:
+    """Without schemas silver keeps the image as JSON text, folded the same way; a placeholder with no earlier
+    value anywhere is left out of the document (a typed image gets a null) instead of failing the run."""
+    topic = harness.topic("toast_json")
+
+    def land(changes: list[Change]) -> None:
+        lines = topic.records(changes)
+        for line in lines:  # as the JSON converter writes them with schemas.enable=false
+            for field in ("key", "payload"):
+                if line[field] is not None:
+                    line[field] = orjson.dumps(orjson.loads(line[field])["payload"]).decode()
+        harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, tmp_path)
+
+    land([Change(C, 1, 10, "big-1", n=100)])
+    harness.write_model(topic, "keys=['id']")
+    assert harness.build(topic)
+    land([Change(U, 1, 30, UNAVAILABLE_VALUE, n=101), Change(U, 4, 40, UNAVAILABLE_VALUE, n=400)])
+    expected = {"1": {"id": 1, "v": "big-1", "n": 101}, "4": {"id": 4, "n": 400}}
+    for extra in ([], ["--full-refresh"]):
+        assert harness.build(topic, *extra)
+        rows = harness.rows(f"silver.{topic.table}", "id, _cdc_document", "id")
+        assert {row["id"]: orjson.loads(row["_cdc_document"]) for row in rows} == expected
+
+
 def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
     topic = harness.topic("pk_only_scd2")
     config = "ignore_null_updates=true, history='scd2'"
