@@ -32,9 +32,10 @@ lint: $(STAMP)
 # dbt tests run in a process of their own: dbt's session adapter shares the process's SparkSession, so they get
 # a JVM that no other test has configured.
 # The long variants (marker `slow`: more trials of the same faults) run with `make test-slow`.
+# The 15 slowest tests are listed at the end of each run: the suite is meant to stay under 20 minutes.
 test: setup lint
-	$(PY) -m pytest -m "not dbt and not slow" $(PYTEST_ARGS)
-	$(PY) -m pytest -m "dbt and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not dbt and not slow" --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "dbt and not slow" --durations=15 $(PYTEST_ARGS)
 
 test-slow: setup
 	$(PY) -m pytest -m "not dbt and slow" $(PYTEST_ARGS)
