@@ -8,8 +8,9 @@
   [ ] with a [*] path writes strings quoted, unlike a plain path. Numbers are copied by Jackson (1.10 becomes 1.1:
   the same JSON value). Rebuilt objects are compact and keep their keys' order; a new key is appended.
 
-  An edit is a struct (op, path, value, size, event): op 'set' (value: raw JSON), 'unset', 'truncate' (size) or
-  'fail' (value: why); path: the dotted path split at dots; event: names the change event in error messages.
+  An edit is a struct (op, path, value, size, event): op 'set' (value: raw JSON), 'unset', 'truncate' (size),
+  'project' (keep only the top-level keys listed in path) or 'fail' (value: why); path: the dotted path split at
+  dots; event: names the change event in error messages.
   Paths go through objects (a missing one is created by 'set') and through arrays by index (a 'set' beyond the
   end pads with null, as MongoDB does); 'unset' of a missing path changes nothing. Anything else (a path through
   a scalar, a key Spark's JSON path syntax cannot name, a path that could also be a field named with dots) gives
@@ -131,6 +132,8 @@
     when instr({{ doc }}, chr(0)) > 0 then {{ doc }}
     when {{ edit }}.op = 'fail' then {{ cdclake.json_error(event, edit ~ '.value') }}
     when {{ doc }} is null or left({{ doc }}, 1) <> '{' then {{ cdclake.json_error(event, "'the document before it is not a JSON object'") }}
+    when {{ edit }}.op = 'project' then concat('{', array_join(transform(filter(json_object_keys({{ doc }}), _cdc_x -> array_contains({{ edit }}.path, _cdc_x)),
+      _cdc_x -> concat({{ cdclake.json_quoted('_cdc_x') }}, ':', {{ cdclake.json_member(doc, '_cdc_x', event) }})), ','), '}')
     else element_at(transform(array(
       {#- the containers from the document down to the leaf's parent (null where absent; 'set' creates objects) #}
       aggregate({{ parents }}, array({{ doc }}), (_cdc_cs, _cdc_i) -> concat(_cdc_cs, array(coalesce(

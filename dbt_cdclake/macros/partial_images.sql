@@ -36,8 +36,9 @@
       {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': ignore_null_updates applies to typed row images; " ~ bronze ~ " holds documents, whose partial updates (updateDescription, patch) are folded without it") }}
     {%- endif -%}
     {%- if 'updateDescription' not in types and 'patch' not in types -%}
-      {#- Schemaless images of another connector (JSON text): only placeholders to fold. -#}
-      {%- set placeholder = cdclake.unavailable_document_placeholder_in(changes, probe_unavailable) -%}
+      {#- Schemaless images of another connector (JSON text): only placeholders to fold. Always looked for: bronze
+          tables written before cdclake counted them in JSON text hold a count of 0 for them. -#}
+      {%- set placeholder = cdclake.unavailable_document_placeholder_in(changes) -%}
       {%- if placeholder is none %}{{ return(changes) }}{% endif -%}
     {%- elif run_query("select count(*) from " ~ changes ~ " where op = 'u' and after is null").rows[0][0] == 0 -%}
       {{ return(changes) }}
@@ -76,11 +77,10 @@
 {%- endmacro %}
 
 {#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, as a JSON string or the
-    base64 of its bytes, else none; `probe` as above. (A cheap text search: each member is checked when folding.) -#}
-{% macro unavailable_document_placeholder_in(changes, probe) -%}
-  {%- set default = '__debezium_unavailable_value' -%}
-  {%- set placeholder = config.get('unavailable_value', default) -%}
-  {%- if placeholder is none or (not probe and placeholder == default) %}{{ return(none) }}{% endif -%}
+    base64 of its bytes, else none. (A cheap text search: each member is checked when folding.) -#}
+{% macro unavailable_document_placeholder_in(changes) -%}
+  {%- set placeholder = config.get('unavailable_value', '__debezium_unavailable_value') -%}
+  {%- if placeholder is none %}{{ return(none) }}{% endif -%}
   {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (instr(after, " ~ cdclake.json_placeholder_sql(placeholder) ~ ") > 0 or instr(after, " ~ cdclake.json_placeholder_sql(placeholder, true) ~ ") > 0)").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
@@ -99,13 +99,16 @@
 {%- endmacro %}
 
 {#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
-    each a top-level key (a column name, never a dotted path); null when it holds none (a full image). -#}
+    each a top-level key (a column name, never a dotted path), then keep only the image's keys (a column the source
+    dropped since the earlier image goes, as with a full image); null when it holds none (a full image). -#}
 {% macro json_placeholder_edits_sql(placeholder, event) -%}
   case when op = 'u' and left(trim(after), 1) = '{'
       and exists(json_object_keys(after), _cdc_k -> {{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})
-    then transform(filter(json_object_keys(after), _cdc_k -> not ({{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})),
+    then concat(transform(filter(json_object_keys(after), _cdc_k -> not ({{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})),
       _cdc_k -> named_struct('op', 'set', 'path', array(_cdc_k), 'value', {{ cdclake.json_member('after', '_cdc_k', event) }},
-        'size', cast(null as int), 'event', {{ event }}))
+        'size', cast(null as int), 'event', {{ event }})),
+      array(named_struct('op', 'project', 'path', json_object_keys(after), 'value', cast(null as string),
+        'size', cast(null as int), 'event', {{ event }})))
   end
 {%- endmacro %}
 

@@ -8,7 +8,6 @@ resumes from the properties; records below a table's offset are never written to
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import time
@@ -46,8 +45,6 @@ TRUNCATES_PROPERTY = "cdclake.truncates-total"
 # TOAST columns, Oracle's unchanged LOBs): silver keeps the key's previous value for those columns.
 UNAVAILABLE_PROPERTY = "cdclake.unavailable-total"
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
-# How the JSON converter writes the placeholder in a bytes column (base64 of its bytes).
-UNAVAILABLE_BASE64 = base64.b64encode(UNAVAILABLE_VALUE.encode()).decode("ascii")
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -260,18 +257,13 @@ def count_truncates(data: pa.Table) -> int:
 
 def count_unavailable(data: pa.Table) -> int:
     """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column
-    (or as the only element of a text array). Schemaless images (JSON text) count when the text holds the
-    placeholder as a JSON string, or its bytes in base64: an upper bound, which only decides whether silver looks."""
+    (or as the only element of a text array)."""
     if "op" not in data.column_names or "after" not in data.column_names:
         return 0
     after = data["after"].combine_chunks()
-    if pa.types.is_string(after.type) or pa.types.is_large_string(after.type):
-        found = pc.or_kleene(
-            pc.match_substring(after, f'"{UNAVAILABLE_VALUE}"'), pc.match_substring(after, f'"{UNAVAILABLE_BASE64}"')
-        )
-        updates = pc.equal(data["op"].combine_chunks(), "u")
-        return int(pc.sum(pc.and_(updates, pc.fill_null(found, False))).as_py() or 0)
     if not pa.types.is_struct(after.type):
+        # Schemaless: the image is JSON text, not counted (silver looks into every unit of such a table, as counts
+        # of 0 were written for them before it folded their placeholders).
         return 0
     found = None
     for index in range(after.type.num_fields):
