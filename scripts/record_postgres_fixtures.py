@@ -274,24 +274,30 @@ CREATE TABLE inventory.documents (
     title varchar(200) NOT NULL,
     body text,
     tags text[],
-    attachment bytea
+    attachment bytea,
+    scores integer[],
+    refs uuid[]
 );
 ALTER TABLE inventory.documents
     ALTER COLUMN body SET STORAGE EXTERNAL,
     ALTER COLUMN tags SET STORAGE EXTERNAL,
-    ALTER COLUMN attachment SET STORAGE EXTERNAL;
+    ALTER COLUMN attachment SET STORAGE EXTERNAL,
+    ALTER COLUMN scores SET STORAGE EXTERNAL,
+    ALTER COLUMN refs SET STORAGE EXTERNAL;
 """
 DOCUMENTS_TOPIC = f"{TOPIC_PREFIX}.inventory.documents"
 _BIG_DOCUMENT = (
     "repeat('{word} ', 500), ARRAY[repeat('{word}-tag-a ', 100), repeat('{word}-tag-b ', 100)], "
-    "decode(repeat('{byte}', 2500), 'hex')"
+    "decode(repeat('{byte}', 2500), 'hex'), ARRAY(SELECT {id} * 10000 + i FROM generate_series(1, 800) i), "
+    "ARRAY(SELECT md5('{word}' || i)::uuid FROM generate_series(1, 150) i)"
 )
+DOCUMENT_COLUMNS = "id, title, body, tags, attachment, scores, refs"
 
 
 def _insert_document(doc_id: int, title: str, word: str, byte: str) -> str:
     return (
-        "INSERT INTO inventory.documents (id, title, body, tags, attachment) "
-        f"VALUES ({doc_id}, '{title}', {_BIG_DOCUMENT.format(word=word, byte=byte)})"
+        f"INSERT INTO inventory.documents ({DOCUMENT_COLUMNS}) "
+        f"VALUES ({doc_id}, '{title}', {_BIG_DOCUMENT.format(id=doc_id, word=word, byte=byte)})"
     )
 
 
@@ -300,8 +306,9 @@ TOAST = Recording(
     ddl=TOAST_DDL,
     snapshot=(
         _insert_document(1, "first", "alpha", "ab"),
-        "INSERT INTO inventory.documents (id, title, body, tags, attachment) "
-        "VALUES (2, 'small', 'short body', ARRAY['x'], '\\x01')",
+        f"INSERT INTO inventory.documents ({DOCUMENT_COLUMNS}) "
+        "VALUES (2, 'small', 'short body', ARRAY['x'], '\\x01', ARRAY[1, 2], "
+        "ARRAY['00000000-0000-0000-0000-000000000002'::uuid])",
     ),
     snapshot_expected={DOCUMENTS_TOPIC: 2},
     steps=(
@@ -330,7 +337,7 @@ TOAST = Recording(
             "update_title_and_null_tags",
             ("UPDATE inventory.documents SET title = 'first, again', tags = NULL WHERE id = 1",),
             _tx({DOCUMENTS_TOPIC: 1}),
-            "UPDATE documents id=1 title, tags = NULL -> u: tags null, body and attachment the placeholder",
+            "UPDATE documents id=1 title, tags = NULL -> u: tags null, the other large values the placeholder",
         ),
         Step(
             "update_small_document",
@@ -339,7 +346,10 @@ TOAST = Recording(
             "UPDATE documents id=2 (nothing stored out of line) -> u with every value",
         ),
     ),
-    final_state={"documents": "SELECT id, title, body, tags, attachment FROM inventory.documents ORDER BY id"},
+    final_state={
+        "documents": "SELECT id, title, body, tags, attachment, scores, refs::text[] AS refs "
+        "FROM inventory.documents ORDER BY id"
+    },
 )
 
 RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST)}

@@ -17,6 +17,7 @@ from ingest.bronze.tables import (
     OFFSETS_PROPERTY,
     TRUNCATES_PROPERTY,
     UNAVAILABLE_PROPERTY,
+    UNAVAILABLE_UUID,
     UNAVAILABLE_VALUE,
     BronzeTables,
     count_unavailable,
@@ -420,21 +421,32 @@ def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, t
     assert land([Change("u", 1, 6, UNAVAILABLE_VALUE), Change("d", 2, 7)]) == "2"
 
 
-def test_unavailable_values_are_counted_in_text_bytes_and_text_arrays() -> None:
-    """Debezium writes the placeholder as the text, as its bytes, or as a text array's only element; an empty or
-    null array is no placeholder (and must not fail the count: it runs in every commit)."""
+def test_unavailable_values_are_counted_in_text_bytes_and_arrays() -> None:
+    """Debezium writes the placeholder as the text, as its bytes, as a text array's only element, as an integer
+    array of its bytes (DBZ-5936) or as a uuid array holding its UUID (DBZ-6720); an empty or null array is no
+    placeholder (and must not fail the count: it runs in every commit)."""
     placeholder = UNAVAILABLE_VALUE
-    fields = [("s", pa.string()), ("b", pa.binary()), ("tags", pa.list_(pa.string())), ("n", pa.int64())]
-    rows = [
-        {"s": placeholder, "b": None, "tags": [], "n": 1},  # an update: counted
-        {"s": "x", "b": placeholder.encode(), "tags": None, "n": 2},  # counted
-        {"s": "x", "b": None, "tags": [placeholder], "n": 3},  # counted
-        {"s": "x", "b": None, "tags": [placeholder, "y"], "n": 4},
-        {"s": None, "b": None, "tags": ["a"], "n": 5},
-        {"s": placeholder, "b": None, "tags": [], "n": 6},  # an insert: its value
+    codes = list(placeholder.encode())
+    fields = [
+        ("s", pa.string()),
+        ("b", pa.binary()),
+        ("tags", pa.list_(pa.string())),
+        ("scores", pa.list_(pa.int32())),
+        ("n", pa.int64()),
     ]
-    data = pa.table({"op": ["u", "u", "u", "u", "u", "c"], "after": pa.array(rows, pa.struct(fields))})
-    assert count_unavailable(data) == 3
+    rows = [
+        {"s": placeholder, "b": None, "tags": [], "scores": [], "n": 1},  # an update: counted
+        {"s": "x", "b": placeholder.encode(), "tags": None, "scores": None, "n": 2},  # counted
+        {"s": "x", "b": None, "tags": [placeholder], "scores": [1], "n": 3},  # counted
+        {"s": "x", "b": None, "tags": [placeholder, "y"], "scores": codes[:-1], "n": 4},
+        {"s": None, "b": None, "tags": ["a"], "scores": [*codes[:-1], 0], "n": 5},
+        {"s": placeholder, "b": None, "tags": [], "scores": None, "n": 6},  # an insert: its value
+        {"s": "x", "b": None, "tags": None, "scores": codes, "n": 7},  # counted
+        {"s": "x", "b": None, "tags": [UNAVAILABLE_UUID], "scores": [], "n": 8},  # counted (a uuid array)
+    ]
+    data = pa.table({"op": ["u", "u", "u", "u", "u", "c", "u", "u"], "after": pa.array(rows, pa.struct(fields))})
+    assert count_unavailable(data) == 5
+    assert UNAVAILABLE_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"  # Debezium's, for the default placeholder
 
 
 def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ scaffolded data tests), and silver compared with what PostgreSQL itself held aft
 
 The streams hold a snapshot, inserts, updates with and without a `before`, a delete and its tombstone, a primary-key
 change, several changes of one key in one transaction, one transaction over two tables, every common column type,
-and updates that left TOASTed values (text, text[] and bytea) out, which Debezium replaces by its placeholder.
+and updates that left TOASTed values (text, bytea, text[], integer[] and uuid[]) out, which Debezium replaces by
+its placeholder.
 """
 
 from __future__ import annotations
@@ -29,7 +30,18 @@ from tests.silver_harness import SilverHarness
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 RECORDED = FIXTURES / "debezium" / "postgres"
-# Recorded topic prefix -> this module's (each recording's offsets start at 0, so each gets its own topics).
+PLACEHOLDER = "__debezium_unavailable_value"
+# How Debezium writes it in JSON, per column type: text, bytes (base64), text[], integer[] (its bytes) and uuid[]
+# (Java's UUID.nameUUIDFromBytes of its bytes).
+PLACEHOLDER_FORMS = (
+    PLACEHOLDER,
+    base64.b64encode(PLACEHOLDER.encode()).decode(),
+    [PLACEHOLDER],
+    list(PLACEHOLDER.encode()),
+    ["b68a35a7-17ad-35b3-af2a-ae46edb4545a"],
+)
+# This module's topic prefix (each landing of a recording gets its own topics: its offsets start at 0) -> the
+# recorded final state it must give.
 STATES = {
     "pgreal_main": "expected_final_state.json",
     "pgreal_toast": "toast_expected_final_state.json",
@@ -170,8 +182,6 @@ def test_schemaless_silver_documents_equal_what_postgresql_held(built: SilverHar
 def test_schemaless_history_versions_fill_placeholders_from_the_version_before(built: SilverHarness) -> None:
     """The same stream as versions (`history='scd2'`): each update's version has, for each value it left alone,
     the value of the version before it (a plain-Python replay of the recorded images is the reference)."""
-    placeholder = "__debezium_unavailable_value"
-    forms = (placeholder, [placeholder], base64.b64encode(placeholder.encode()).decode())
     expected: dict[str, list[dict[str, Any]]] = {}
     for line in recorded("toast.jsonl", "pgreal_toastjson", schemas=False):
         if not line["topic"].endswith(".documents"):
@@ -179,7 +189,7 @@ def test_schemaless_history_versions_fill_placeholders_from_the_version_before(b
         payload = orjson.loads(line["payload"])
         versions = expected.setdefault(str(payload["after"]["id"]), [])
         earlier = versions[-1] if payload["op"] == "u" else {}
-        versions.append({k: earlier.get(k) if v in forms else v for k, v in payload["after"].items()})
+        versions.append({k: earlier.get(k) if v in PLACEHOLDER_FORMS else v for k, v in payload["after"].items()})
     rows = built.rows("silver.pgreal_toastjson_inventory_documents_history", "id, _cdc_document", "id, _cdc_valid_from")
     got: dict[str, list[dict[str, Any]]] = {}
     for row in rows:  # keys of a schemaless table are JSON text: strings
@@ -189,20 +199,19 @@ def test_schemaless_history_versions_fill_placeholders_from_the_version_before(b
 
 
 def test_the_toast_stream_holds_the_placeholder_in_each_form(built: SilverHarness) -> None:
-    """What makes the documents' comparison above mean something: the recorded updates carry Debezium's placeholder
-    for what they left alone, as text (`body`), as bytes (`attachment`) and as a one-element text array (`tags`),
-    for a document silver already held (1) and for one inserted earlier in the same unit of work (3)."""
-    placeholder = "__debezium_unavailable_value"
+    """What makes the documents' comparisons above mean something: the recorded updates carry Debezium's placeholder
+    for each large value they left alone, in each of its forms (text `body`, bytes `attachment`, text array `tags`,
+    integer array `scores`, uuid array `refs`), for a document silver already held (1) and for one inserted earlier
+    in the same unit of work (3)."""
     forms: dict[int, set[str]] = {}
     for line in recorded("toast.jsonl", "pgreal_toast"):
         if op(line) != "u":
             continue
         after = orjson.loads(line["payload"])["payload"]["after"]
         found = forms.setdefault(after["id"], set())
-        found |= {"body"} if after["body"] == placeholder else set()
-        found |= {"tags"} if after["tags"] == [placeholder] else set()
-        found |= {"attachment"} if base64.b64decode(after["attachment"]) == placeholder.encode() else set()
-    assert forms == {1: {"body", "tags", "attachment"}, 2: set(), 3: {"body", "tags", "attachment"}}
+        found |= {column for column, value in after.items() if value in PLACEHOLDER_FORMS}
+    large = {"body", "tags", "attachment", "scores", "refs"}
+    assert forms == {1: large, 2: set(), 3: large}
     rows = {row["id"]: row for row in built.rows("silver.pgreal_toast_inventory_documents", order="id")}
     assert rows[1]["tags"] is None  # the last update set it to NULL: a null an update carries is a value
     assert rows[3]["body"].startswith("gamma ")

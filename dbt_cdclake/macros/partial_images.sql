@@ -85,17 +85,39 @@
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 
+{#- The placeholder as a SQL string literal. -#}
+{% macro placeholder_literal(placeholder) -%}
+  '{{ placeholder | replace("\\", "\\\\") | replace("'", "\\'") }}'
+{%- endmacro %}
+
+{#- The placeholder's bytes as decimal numbers (array<string>): how Debezium fills an integer array (DBZ-5936). -#}
+{% macro placeholder_bytes_sql(literal) -%}
+  transform(sequence(0, octet_length({{ literal }}) - 1), _cdc_i -> conv(substr(hex(encode({{ literal }}, 'UTF-8')), 2 * _cdc_i + 1, 2), 16, 10))
+{%- endmacro %}
+
+{#- The UUID Java's UUID.nameUUIDFromBytes makes of the placeholder's bytes: what Debezium puts in a uuid array
+    (DBZ-6720; b68a35a7-17ad-35b3-af2a-ae46edb4545a for the default placeholder). -#}
+{% macro placeholder_uuid_sql(literal) -%}
+  {%- set h = "md5(encode(" ~ literal ~ ", 'UTF-8'))" -%}
+  concat(substr({{ h }}, 1, 8), '-', substr({{ h }}, 9, 4), '-3', substr({{ h }}, 14, 3), '-',
+    lpad(lower(hex((cast(conv(substr({{ h }}, 17, 2), 16, 10) as int) & 63) | 128)), 2, '0'), substr({{ h }}, 19, 2), '-', substr({{ h }}, 21, 12))
+{%- endmacro %}
+
 {#- The placeholder as raw JSON: a JSON string, or (`bytes`) the JSON string of its bytes in base64. -#}
 {% macro json_placeholder_sql(placeholder, bytes=false) -%}
-  {%- set literal = "'" ~ (placeholder | replace("\\", "\\\\") | replace("'", "\\'")) ~ "'" -%}
+  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
   {%- set text = "base64(encode(" ~ literal ~ ", 'UTF-8'))" if bytes else literal -%}
   {{ cdclake.json_quoted(text) }}
 {%- endmacro %}
 
-{#- Whether raw JSON `member` of a schemaless image is the placeholder: its text, its bytes, or a text array of it. -#}
+{#- Whether raw JSON `member` of a schemaless image is the placeholder: its text, its bytes in base64, a text array
+    of it, an integer array of its bytes or a uuid array of its UUID. -#}
 {% macro json_is_placeholder_sql(member, placeholder) -%}
+  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
   {{ member }} in ({{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
-    concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'))
+    concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'),
+    concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ','), ']'),
+    concat('["', {{ cdclake.placeholder_uuid_sql(literal) }}, '"]'))
 {%- endmacro %}
 
 {#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
@@ -112,11 +134,13 @@
   end
 {%- endmacro %}
 
-{#- Whether image field `field` of a bronze row holds `placeholder` (text, bytes as text, or a text array's only
-    element: how Debezium writes it for each). -#}
+{#- Whether image field `field` of a bronze row holds `placeholder`, as Debezium writes it for each type: the text,
+    bytes of the text, a text array of it, an integer array of its bytes, a uuid array of its UUID (compared as
+    Spark's text of the value). -#}
 {% macro unavailable_sql(field, placeholder) -%}
-  {%- set literal = "'" ~ (placeholder | replace("\\", "\\\\") | replace("'", "\\'")) ~ "'" -%}
-  cast(after.{{ cdclake.quote(field) }} as string) in ({{ literal }}, concat('[', {{ literal }}, ']'))
+  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
+  cast(after.{{ cdclake.quote(field) }} as string) in ({{ literal }}, concat('[', {{ literal }}, ']'),
+    concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ', '), ']'), concat('[', {{ cdclake.placeholder_uuid_sql(literal) }}, ']'))
 {%- endmacro %}
 
 {% macro unavailable_any_sql(fields, placeholder) -%}

@@ -9,6 +9,7 @@ resumes from the properties; records below a table's offset are never written to
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import time
 import uuid
@@ -45,6 +46,10 @@ TRUNCATES_PROPERTY = "cdclake.truncates-total"
 # TOAST columns, Oracle's unchanged LOBs): silver keeps the key's previous value for those columns.
 UNAVAILABLE_PROPERTY = "cdclake.unavailable-total"
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"  # Debezium's default unavailable.value.placeholder
+# What Debezium puts in a uuid array for it: Java's UUID.nameUUIDFromBytes of its bytes (DBZ-6720).
+UNAVAILABLE_UUID = str(
+    uuid.UUID(bytes=hashlib.md5(UNAVAILABLE_VALUE.encode(), usedforsecurity=False).digest(), version=3)
+)
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -256,8 +261,9 @@ def count_truncates(data: pa.Table) -> int:
 
 
 def count_unavailable(data: pa.Table) -> int:
-    """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column
-    (or as the only element of a text array)."""
+    """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column, as
+    the only element of a text array, as an integer array of its bytes (DBZ-5936) or as the only element of a uuid
+    array (its UUID, DBZ-6720)."""
     if "op" not in data.column_names or "after" not in data.column_names:
         return 0
     after = data["after"].combine_chunks()
@@ -272,9 +278,14 @@ def count_unavailable(data: pa.Table) -> int:
             hit = pc.equal(child, UNAVAILABLE_VALUE)
         elif pa.types.is_binary(child.type) or pa.types.is_large_binary(child.type):
             hit = pc.equal(child, pa.scalar(UNAVAILABLE_VALUE.encode(), child.type))
+        elif pa.types.is_list(child.type) and pa.types.is_integer(child.type.value_type):
+            hit = _lists_equal_to(child, list(UNAVAILABLE_VALUE.encode()))
         elif pa.types.is_list(child.type) and pa.types.is_string(child.type.value_type):
             # The rows whose only element is the placeholder (list_element would fail on an empty list).
-            element_hits = pc.fill_null(pc.equal(pc.list_flatten(child), UNAVAILABLE_VALUE), False)
+            flat = pc.list_flatten(child)
+            element_hits = pc.fill_null(
+                pc.is_in(flat, value_set=pa.array([UNAVAILABLE_VALUE, UNAVAILABLE_UUID])), False
+            )
             rows = pc.filter(pc.list_parent_indices(child), element_hits).cast(pa.int64())
             hit = pc.and_(
                 pc.equal(pc.list_value_length(child), 1),
@@ -287,6 +298,20 @@ def count_unavailable(data: pa.Table) -> int:
         return 0
     updates = pc.equal(data["op"].combine_chunks(), "u")
     return int(pc.sum(pc.and_(updates, pc.fill_null(found, False))).as_py() or 0)
+
+
+def _lists_equal_to(lists: pa.Array, expected: list[int]) -> pa.Array:
+    """Per row of a list array: whether it holds exactly ``expected`` (null lists: false)."""
+    candidates = pc.fill_null(pc.equal(pc.list_value_length(lists), len(expected)), False)
+    rows = pc.indices_nonzero(candidates)  # the rows of the right length, in order
+    if len(rows) == 0:
+        return candidates
+    values = pc.list_flatten(pc.filter(lists, candidates))
+    same = pc.fill_null(pc.equal(values, pa.array(expected * len(rows), values.type)), False)
+    # The candidates with a differing element (element i belongs to candidate i // len(expected)).
+    differing = pc.unique(pc.divide(pc.indices_nonzero(pc.invert(same)), len(expected)))
+    matching = pc.filter(rows, pc.invert(pc.is_in(pa.array(range(len(rows)), pa.uint64()), value_set=differing)))
+    return pc.is_in(pa.array(range(len(lists)), pa.uint64()), value_set=matching)
 
 
 def truncates_total(table: Table) -> int | None:
