@@ -9,8 +9,8 @@ update, delete + tombstone, primary-key change, several changes of one key in
 one transaction, one transaction over two tables) and writes every record in
 the JSON-lines format of ``kcat -C -J`` plus the final table contents. A second
 recording (``toast``, its own cluster and files) updates rows whose large text,
-text[] and bytea values PostgreSQL stores out of line (TOAST), so that Debezium
-sends its placeholder for the values an update left alone.
+bytea, text[], integer[] and uuid[] values PostgreSQL stores out of line (TOAST),
+so that Debezium sends its placeholder for the values an update left alone.
 
 Run it with ``make fixtures`` (or directly:
 ``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR] [--recording NAME]``).
@@ -265,7 +265,7 @@ DBSERVER1 = Recording(
 )
 
 # Unchanged TOASTed values: pgoutput does not send a stored-out-of-line value an update left alone, and Debezium
-# writes its placeholder `__debezium_unavailable_value` instead (text, bytes, or a one-element array). STORAGE
+# writes its placeholder `__debezium_unavailable_value` instead, in a form per column type. STORAGE
 # EXTERNAL keeps these values uncompressed, so a few KB are enough to move them out of line.
 TOAST_DDL = """
 CREATE SCHEMA inventory;
@@ -316,7 +316,7 @@ TOAST = Recording(
             "update_title_only",
             ("UPDATE inventory.documents SET title = 'first, renamed' WHERE id = 1",),
             _tx({DOCUMENTS_TOPIC: 1}),
-            "UPDATE documents id=1 title -> u; body, tags and attachment are the placeholder",
+            "UPDATE documents id=1 title -> u; every large value is the placeholder",
         ),
         Step(
             "insert_and_update_in_one_tx",
@@ -331,7 +331,7 @@ TOAST = Recording(
             "update_body",
             ("UPDATE inventory.documents SET body = repeat('beta ', 600) WHERE id = 1",),
             _tx({DOCUMENTS_TOPIC: 1}),
-            "UPDATE documents id=1 body -> u with the new body; tags and attachment are the placeholder",
+            "UPDATE documents id=1 body -> u with the new body; the other large values are the placeholder",
         ),
         Step(
             "update_title_and_null_tags",
