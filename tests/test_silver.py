@@ -29,10 +29,14 @@ C, U, D, R, T = "c", "u", "d", "r", "t"
 def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
     """IBM CDC's example (reference §6.2/§6.4): three tables, one unit of work, net effect per table."""
     t1, t2, t3 = harness.topic("table1"), harness.topic("table2"), harness.topic("table3")
+    models = ["build", "--select", t1.table, t2.table, t3.table]  # one dbt build applies all three tables
     # State before the unit of work: TABLE1 has keys 2 and 3, TABLE2 has key 1.
-    harness.apply(t1, [Change(C, 2, 1, "othercolval2"), Change(C, 3, 2, "othercolval3-old")], dumps)
-    harness.apply(t2, [Change(C, 1, 3, "othercolval1-old")], dumps)
-    harness.apply(t3, [], dumps)
+    harness.land(t1, [Change(C, 2, 1, "othercolval2"), Change(C, 3, 2, "othercolval3-old")], dumps)
+    harness.land(t2, [Change(C, 1, 3, "othercolval1-old")], dumps)
+    harness.land(t3, [], dumps)
+    for topic in (t1, t2, t3):
+        harness.write_model(topic)
+    assert run_dbt(harness.settings, models)
     # The eleven source operations, in order (positions 10..20).
     uow = [
         (t1, Change(C, 1, 10, "othercolval1")),
@@ -48,7 +52,8 @@ def test_seed_002_worked_example(harness: SilverHarness, dumps: Path) -> None:
         (t1, Change(C, 4, 20, "othercolval4")),
     ]
     for topic in (t1, t2, t3):
-        harness.apply(topic, [change for owner, change in uow if owner is topic], dumps)
+        harness.land(topic, [change for owner, change in uow if owner is topic], dumps)
+    assert run_dbt(harness.settings, models)
     assert harness.silver(t1) == {1: "othercolval1", 3: "othercolval3", 4: "othercolval4"}
     assert harness.silver(t2) == {1: "othercolval1", 2: "othercolval2"}
     assert harness.silver(t3) == {1: "othercolval1", 2: "othercolval2"}
