@@ -68,9 +68,8 @@
     which is what `cdclake ingest` counts) or a query over the updates finds none. (Not decided from the type of
     `after` that `describe` prints: Spark cuts a wide struct's type short.) -#}
 {% macro unavailable_placeholder_in(bronze, changes, probe) -%}
-  {%- set default = '__debezium_unavailable_value' -%}
-  {%- set placeholder = config.get('unavailable_value', default) -%}
-  {%- if placeholder is none or (not probe and placeholder == default) %}{{ return(none) }}{% endif -%}
+  {%- set placeholder = cdclake.configured_placeholder() -%}
+  {%- if placeholder is none or (not probe and placeholder == '__debezium_unavailable_value') %}{{ return(none) }}{% endif -%}
   {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
   {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
@@ -79,10 +78,15 @@
 {#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, as a JSON string or the
     base64 of its bytes, else none. (A cheap text search: each member is checked when folding.) -#}
 {% macro unavailable_document_placeholder_in(changes) -%}
-  {%- set placeholder = config.get('unavailable_value', '__debezium_unavailable_value') -%}
+  {%- set placeholder = cdclake.configured_placeholder() -%}
   {%- if placeholder is none %}{{ return(none) }}{% endif -%}
   {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (instr(after, " ~ cdclake.json_placeholder_sql(placeholder) ~ ") > 0 or instr(after, " ~ cdclake.json_placeholder_sql(placeholder, true) ~ ") > 0)").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
+{%- endmacro %}
+
+{#- The model's placeholder (config unavailable_value; Debezium's default), none when folding it is turned off. -#}
+{% macro configured_placeholder() -%}
+  {{ return(config.get('unavailable_value', '__debezium_unavailable_value')) }}
 {%- endmacro %}
 
 {#- The placeholder as a SQL string literal. -#}
@@ -176,8 +180,7 @@ with unit as (
     {%- endfor %}
     named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
     {%- if layout.document and placeholder is not none %}
-    case when op = 'u' and left(trim(after), 1) = '{' and exists(json_object_keys(after), _cdc_k ->
-      {{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', cdclake.change_event_sql('')), placeholder) }}) then null else after end as _cdc_doc,
+    after as _cdc_doc,
     {{ cdclake.json_placeholder_edits_sql(placeholder, cdclake.change_event_sql('')) }} as _cdc_edits
     {%- elif layout.document %}
     {{ cdclake.document_image_sql(types) }} as _cdc_doc,
@@ -202,7 +205,8 @@ touched as (
 ),
 events as (
   select {{ partition | join(', ') }}, _cdc_pos, _cdc_row,
-    {%- if layout.document %} _cdc_edits is null as _cdc_full, _cdc_doc, _cdc_edits{% else %} _cdc_full{% for field in fields %}, _cdc_v{{ loop.index0 }}{% endfor %}{% endif %}
+    {#- A change with edits is partial: its own document (if any) is not a base to fold onto. -#}
+    {%- if layout.document %} _cdc_edits is null as _cdc_full, case when _cdc_edits is null then _cdc_doc end as _cdc_doc, _cdc_edits{% else %} _cdc_full{% for field in fields %}, _cdc_v{{ loop.index0 }}{% endfor %}{% endif %}
   from unit
   {%- if target is not none %}
   union all
