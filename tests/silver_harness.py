@@ -332,6 +332,11 @@ class MongoTopic:
         return lines
 
 
+def without_schema(text: str | None) -> str | None:
+    """A JSON-converter key or value as it is with `schemas.enable=false`: the envelope's payload alone."""
+    return None if text is None else orjson.dumps(orjson.loads(text)["payload"]).decode()
+
+
 class SilverHarness:
     _ids = itertools.count()
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ingest.bronze.tables import UNAVAILABLE_VALUE
 from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
-from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay
+from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
@@ -105,13 +105,12 @@ def test_unavailable_values_in_schemaless_images(harness: SilverHarness, tmp_pat
 
     def land(changes: list[Change], drop: str | None = None) -> None:
         lines = topic.records(changes)
-        for line in lines:  # as the JSON converter writes them with schemas.enable=false
-            for field in ("key", "payload"):
-                if line[field] is not None:
-                    line[field] = orjson.loads(line[field])["payload"]
+        for line in lines:
+            line["key"], line["payload"] = without_schema(line["key"]), without_schema(line["payload"])
             if drop is not None:
-                del line["payload"]["after"][drop]
-            line["key"], line["payload"] = (orjson.dumps(line[f]).decode() for f in ("key", "payload"))
+                payload = orjson.loads(line["payload"])
+                del payload["after"][drop]
+                line["payload"] = orjson.dumps(payload).decode()
         harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, tmp_path)
 
     land([Change(C, 1, 10, "big-1", n=100), Change(C, 2, 11, "big-2", n=200)])

@@ -25,7 +25,7 @@ from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import load_catalog
 from ingest.scaffold import scaffold
 from tests.conftest import FIXTURES
-from tests.silver_harness import SilverHarness
+from tests.silver_harness import SilverHarness, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
@@ -100,9 +100,7 @@ def recorded(name: str, prefix: str, schemas: bool = True) -> list[dict[str, Any
     for line in lines:
         line["topic"] = line["topic"].replace("dbserver1.", prefix + ".", 1)
         if not schemas:
-            for field in ("key", "payload"):
-                if line[field] is not None:
-                    line[field] = orjson.dumps(orjson.loads(line[field])["payload"]).decode()
+            line["key"], line["payload"] = without_schema(line["key"]), without_schema(line["payload"])
     return lines
 
 
