@@ -10,6 +10,11 @@ Publishes N change events of one table to one topic, then measures in the same r
 Both also report the CPU time they took per event, theirs and the broker's: on a shared machine the rates move
 with the load, the CPU time less.
 
+Topic batches (``--compression``, repeatable; default: ``none`` then ``lz4``): each encoding is published to a broker
+of its own and measured on its own, beside its own raw consume rate. ``lz4`` is what Kafka Connect writes with
+``producer.override.compression.type=lz4`` (or a topic's ``compression.type``): the schema every record repeats
+compresses well, and the co-located broker then hands out a tenth of the bytes.
+
 Tables (``--table``):
 
 - ``customers`` (default): the smallest realistic envelope with schemas, Debezium 3.6.3's PostgreSQL connector
@@ -34,8 +39,8 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -55,6 +60,9 @@ MAX_RECORDS = 100_000
 MAX_BYTES = 512 * 1024 * 1024
 TARGET_EVENTS_PER_S = 100_000
 QUICK_EVENTS = 100_000
+# librdkafka's compression.type values; what the default run measures, in this order.
+COMPRESSIONS = ("none", "lz4", "zstd", "gzip", "snappy")
+DEFAULT_COMPRESSIONS = ("none", "lz4")
 
 
 # -- the events ---------------------------------------------------------------------------------------------------
@@ -342,6 +350,11 @@ class Results:
     load_average: tuple[float, float, float] = field(default_factory=os.getloadavg)
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     notes: list[str] = field(default_factory=list)
+    compression: str = "none"  # of the topic's batches (the producer's compression.type)
+
+    @property
+    def batches(self) -> str:
+        return "uncompressed" if self.compression == "none" else f"{self.compression}-compressed"
 
     def rate(self, seconds: float) -> float:
         return self.events / seconds if seconds > 0 else 0.0
@@ -362,7 +375,7 @@ def produce(broker: TansuBroker, events: int, results: Results) -> None:
             sizes += len(record.value or b"")
             yield record
 
-    broker.produce(counted(), report=False, timeout_s=600)
+    broker.produce(counted(), report=False, timeout_s=600, config={"compression.type": results.compression})
     results.produce_s = time.perf_counter() - started
     results.value_bytes = sizes
 
@@ -540,7 +553,17 @@ def _runs(runs: list[Results]) -> str:
     )
 
 
-def render_markdown(results: Results, rows: list[tuple[str, str, str]], runs: list[Results] | None = None) -> str:
+@dataclass
+class Report:
+    """The median run of one topic encoding, its table rows, and all its runs."""
+
+    results: Results
+    rows: list[tuple[str, str, str]]
+    runs: list[Results]
+
+
+def render_markdown(reports: list[Report]) -> str:
+    results = reports[0].results
     size = results.value_bytes / max(results.events, 1)
     from importlib.metadata import version
 
@@ -560,27 +583,35 @@ def render_markdown(results: Results, rows: list[tuple[str, str, str]], runs: li
         f"on one topic with {results.partitions} partitions of the embedded Tansu broker (memory storage), "
         f"ingested with `max_records: {MAX_RECORDS:,}`, `max_bytes: {MAX_BYTES // 2**20} MiB` into a "
         f"SQLite-catalog lakehouse on local disk. Target: {TARGET_EVENTS_PER_S:,} events/s and half the raw "
-        "consume rate.",
+        "consume rate. The topic's record batches are written "
+        + " and ".join(f"{report.results.batches}" for report in reports)
+        + " (each on a broker of its own, with its own raw consume rate): Kafka Connect compresses what Debezium "
+        "produces when `producer.override.compression.type` (or the topic's `compression.type`) says so, and the "
+        "schema each record repeats compresses well, so the co-located broker has far fewer bytes to hand out.",
         "",
-        "| figure | value | vs raw consume |",
-        "|---|---|---|",
-        *[f"| {figure} | {value} | {ratio} |" for figure, value, ratio in rows],
+        "| topic batches | figure | value | vs raw consume |",
+        "|---|---|---|---|",
+        *[
+            f"| {report.results.batches} | {figure} | {value} | {ratio} |"
+            for report in reports
+            for figure, value, ratio in report.rows
+        ],
         "",
-        *(
-            [
-                f"The table shows the median of {len(runs)} runs (raw consume, then ingest, each time; steady state, "
-                f"ratio to that run's raw consume, ingest CPU, 1-minute load when the run started): {_runs(runs)}.",
-                "",
-            ]
-            if runs and len(runs) > 1
-            else []
-        ),
+        *[f"- {_verdict(report.results)}" for report in reports],
+        "",
+        *[
+            f"{report.results.batches.capitalize()}: the median of {len(report.runs)} runs (raw consume, then "
+            "ingest, each time; steady state, ratio to that run's raw consume, ingest CPU, 1-minute load when the "
+            f"run started): {_runs(report.runs)}.\n"
+            for report in reports
+            if len(report.runs) > 1
+        ],
         f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} on {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"confluent-kafka {version('confluent-kafka')}, pyiceberg {version('pyiceberg')}, "
         f"pyarrow {version('pyarrow')}; load average (1 / 5 / 15 min) {_load(results.load_average)} when it "
-        f"started, {_load(results.load_after)} when it ended (a shared machine shows here: other work takes CPU "
-        "from both readers and the broker; the CPU time per event rises with the load too, but much less than the "
-        "rates fall).",
+        f"started, {_load(reports[-1].results.load_after)} when it ended (a shared machine shows here: other work "
+        "takes CPU from both readers and the broker; the CPU time per event rises with the load too, but much less "
+        "than the rates fall).",
         "",
         "The broker runs on the same cores: its CPU time per event is beside each reader's. Why not ~1 KB per "
         "event: with `schemas.enable=true` every record carries its Connect schema, which describes each column "
@@ -589,8 +620,9 @@ def render_markdown(results: Results, rows: list[tuple[str, str, str]], runs: li
         "schemas on. How the ingest spends its CPU time, and what runs in parallel: "
         "[architecture.md](architecture.md#the-ingest-fast-path).",
     ]
-    if results.notes:
-        lines += ["", *[f"Note: {note}." for note in results.notes]]
+    notes = [f"{report.results.batches}: {note}" for report in reports for note in report.results.notes]
+    if notes:
+        lines += ["", *[f"Note: {note}." for note in notes]]
     return "\n".join(lines) + "\n"
 
 
@@ -599,20 +631,27 @@ def write_docs(section: str, path: Path = DOCS) -> None:
     replace_section("## Ingest", section, path)
 
 
+def _verdict(results: Results) -> str:
+    steady = results.rate(results.ingest_steady_s)
+    raw = results.rate(results.raw_consume_s)
+    return (
+        f"{results.batches} batches: cdclake's steady state "
+        f"{'meets' if steady >= TARGET_EVENTS_PER_S else 'is below'} the {TARGET_EVENTS_PER_S:,} events/s target "
+        f"and {'meets' if raw and steady >= raw / 2 else 'is below'} half the raw consume rate"
+    )
+
+
 def print_table(results: Results, rows: list[tuple[str, str, str]]) -> None:
     size = results.value_bytes / max(results.events, 1)
     print(
         f"\ningest benchmark: {results.events:,} events of {results.table}, {size:,.0f} B/value, "
-        f"{results.partitions} partitions; load average {_load(results.load_average)} -> {_load(results.load_after)}"
+        f"{results.partitions} partitions, {results.batches} batches; "
+        f"load average {_load(results.load_average)} -> {_load(results.load_after)}"
     )
     widths = [max(len(r[i]) for r in [("figure", "value", "vs raw"), *rows]) for i in range(3)]
     for figure, value, ratio in [("figure", "value", "vs raw"), *rows]:
         print(f"  {figure:<{widths[0]}}  {value:<{widths[1]}}  {ratio:>{widths[2]}}")
-    steady = results.rate(results.ingest_steady_s)
-    raw = results.rate(results.raw_consume_s)
-    verdict = "meets" if steady >= TARGET_EVENTS_PER_S else "is below"
-    print(f"  cdclake steady state {verdict} the {TARGET_EVENTS_PER_S:,} events/s target", end="")
-    print(f" and {'meets' if raw and steady >= raw / 2 else 'is below'} half the raw consume rate")
+    print(f"  {_verdict(results)}")
     for note in results.notes:
         print(f"  note: {note}")
 
@@ -624,37 +663,43 @@ def main(
     profile: Path | None = None,
     table_name: str = "customers",
     repeat: int | None = None,
-) -> Results:
-    """Run the benchmark: publish once, then ``repeat`` times raw consume + ingest (default 3, 1 for ``quick``);
-    the median run by ingest rate is reported. ``quick`` and ``profile`` runs do not touch the docs."""
+    compressions: Sequence[str] = DEFAULT_COMPRESSIONS,
+) -> list[Results]:
+    """Run the benchmark, per topic encoding in ``compressions``: publish once, then ``repeat`` times raw consume +
+    ingest (default 3, 1 for ``quick``); the median run by ingest rate is reported, one per encoding. ``quick`` and
+    ``profile`` runs do not touch the docs."""
     count = events if events is not None else (QUICK_EVENTS if quick else 1_000_000)
     repeat = repeat if repeat is not None else (1 if quick or profile else 3)
-    first = Results(events=count, partitions=PARTITIONS, table=table_name)
     topic = TABLES[table_name].topic
-    runs: list[Results] = []
-    with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
-        print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions) ...", flush=True)
-        produce(broker, count, first)
-        for index in range(repeat):
-            results = first
-            if index:
-                results = Results(count, PARTITIONS, table_name, first.value_bytes, first.produce_s)
-            results.load_average = os.getloadavg()
-            print(f"run {index + 1}/{repeat}: raw consume ...", flush=True)
-            raw_consume(broker, results)
-            print(f"run {index + 1}/{repeat}: cdclake ingest ...", flush=True)
-            ingest(broker, results, Path(tmp) / f"run{index}", profile if index == 0 else None, f"bench-{index}")
-            results.load_after = os.getloadavg()
-            runs.append(results)
-    results = sorted(runs, key=lambda run: run.rate(run.ingest_steady_s))[len(runs) // 2]
-    rows = table(results)
-    print_table(results, rows)
-    if len(runs) > 1:
-        print(f"  median of {len(runs)} runs: {_runs(runs)}")
+    reports: list[Report] = []
+    for compression in compressions:
+        first = Results(events=count, partitions=PARTITIONS, table=table_name, compression=compression)
+        runs: list[Results] = []
+        with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
+            print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions, {first.batches}) ...", flush=True)
+            produce(broker, count, first)
+            for index in range(repeat):
+                results = first
+                if index:
+                    results = replace(first, notes=[], load_after=(0.0, 0.0, 0.0))
+                results.load_average = os.getloadavg()
+                print(f"run {index + 1}/{repeat}: raw consume ...", flush=True)
+                raw_consume(broker, results)
+                print(f"run {index + 1}/{repeat}: cdclake ingest ...", flush=True)
+                profile_to = profile if index == 0 and not reports else None
+                ingest(broker, results, Path(tmp) / f"run{index}", profile_to, f"bench-{index}")
+                results.load_after = os.getloadavg()
+                runs.append(results)
+        results = sorted(runs, key=lambda run: run.rate(run.ingest_steady_s))[len(runs) // 2]
+        reports.append(Report(results, table(results), runs))
+    for report in reports:
+        print_table(report.results, report.rows)
+        if len(report.runs) > 1:
+            print(f"  median of {len(report.runs)} runs: {_runs(report.runs)}")
     if write if write is not None else not (quick or profile):
-        write_docs(render_markdown(results, rows, runs))
+        write_docs(render_markdown(reports))
         print(f"  written to {DOCS}")
-    return results
+    return [report.results for report in reports]
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -665,6 +710,12 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="leave docs/benchmarks.md as it is")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the ingest run here")
     parser.add_argument("--repeat", type=int, default=None, help="raw consume + ingest runs (default 3; quick: 1)")
+    parser.add_argument(
+        "--compression",
+        action="append",
+        choices=COMPRESSIONS,
+        help=f"the topic's batches (repeatable; default: {' and '.join(DEFAULT_COMPRESSIONS)})",
+    )
     args = parser.parse_args(argv)
     main(
         events=args.events,
@@ -673,6 +724,7 @@ def cli(argv: list[str] | None = None) -> int:
         profile=args.profile,
         table_name=args.table,
         repeat=args.repeat,
+        compressions=args.compression or DEFAULT_COMPRESSIONS,
     )
     return 0
 

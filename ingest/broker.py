@@ -250,13 +250,14 @@ class TansuBroker:
         keep_partitions: bool = True,
         report: bool = True,
         timeout_s: float = 60.0,
+        config: Mapping[str, Any] | None = None,
     ) -> list[Delivered]:
         """Publish keyed records (``value=None`` is a tombstone) and wait until all are acknowledged.
 
         With ``keep_partitions`` each record goes to its own ``partition`` (a fake stream's partitioning);
         otherwise the producer's partitioner chooses by key. Returns the delivered (topic, partition, offset)
         in acknowledgement order when ``report``, else an empty list. Raises :class:`BrokerError` if any
-        record was not delivered.
+        record was not delivered. ``config`` overrides the producer's settings (e.g. ``compression.type``).
         """
         delivered: list[Delivered] = []
         failures: list[str] = []
@@ -271,7 +272,7 @@ class TansuBroker:
                 assert offset is not None
                 delivered.append((topic, partition, offset))
 
-        producer = self.producer()
+        producer = self.producer(config)
         for record in records:
             kwargs: dict[str, Any] = {"key": record.key, "value": record.value, "on_delivery": on_delivery}
             if keep_partitions and record.partition is not None:

@@ -15,6 +15,7 @@ import gc
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,8 @@ from ingest.sources.base import Source
 
 log = logging.getLogger(__name__)
 POLL_BATCH = 5000
+# Polls decoded on the decode thread and not yet booked, at most (see Pipeline.stage_batch).
+STAGED_POLLS = 3
 # Below this many records a poll takes the per-record path (the columnar one has a fixed cost per group).
 FAST_PATH_MIN_RECORDS = 8
 _KEY, _VALUE = attrgetter("key"), attrgetter("value")
@@ -81,6 +84,10 @@ class StagedPoll:
     groups: list[Group | None]  # of each record (None: the per-record path)
     built: list[Group]  # the distinct groups, in order of first appearance
     decoded: Future[None] | None = None  # their decoding on the decode thread
+
+    @property
+    def done(self) -> bool:
+        return self.decoded is None or self.decoded.done()
 
 
 def _partitions_of(table: pa.Table) -> set[tuple[str, int]]:
@@ -125,9 +132,11 @@ class Pipeline:
         self._committer: ThreadPoolExecutor | None = None
         self._in_flight: Future[dict[tuple[str, int], int]] | None = None
         self._commit_error: BaseException | None = None
-        # Background decoding (settings.background_decode): one poll decodes while the next one is read.
+        # Background decoding (settings.background_decode): polls decode, in order, while the next ones are read;
+        # up to STAGED_POLLS of them wait to be booked, so neither the read loop nor the decode thread waits for
+        # the other while it books or groups.
         self._decoder: ThreadPoolExecutor | None = None
-        self._staged: StagedPoll | None = None
+        self._staged: deque[StagedPoll] = deque()
         # Guards the read-modify-write of _committed, which the commit thread also updates.
         self._committed_lock = threading.Lock()
         self._table_names: dict[str, str] = {}
@@ -233,25 +242,28 @@ class Pipeline:
 
     def stage_batch(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
         """:meth:`accept_batch`, overlapped with reading (``background_decode``): this poll is grouped now and
-        decoded on the decode thread while the next one is read; the poll staged before it is buffered first.
-        Until :meth:`complete_staged` (the next stage_batch, accept_batch or flush) its records are not buffered."""
+        decoded on the decode thread while the next ones are read. Polls staged before it are buffered, in order,
+        once decoded (the oldest waited for when STAGED_POLLS are staged). Until then (or :meth:`complete_staged`:
+        accept_batch, a flush) a staged poll's records are not buffered."""
         if not (self.fast_path and self.settings.background_decode and len(records) >= FAST_PATH_MIN_RECORDS):
             self.accept_batch(records, ingested_at)
             return
         # Grouping reads the bookkeeping's state only where it cannot change in between (table names, committed
-        # offsets, the splitter's schema prefixes), so it may run before the poll staged earlier is booked.
+        # offsets, the splitter's schema prefixes), so it may run before the polls staged earlier are booked.
         staged = self._stage(records, ingested_at)
-        self.complete_staged()
         if self._decoder is None:
             self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-decode")
         staged.decoded = self._decoder.submit(self._decode_staged, staged)
-        self._staged = staged
+        self._staged.append(staged)
+        while self._staged and (len(self._staged) > STAGED_POLLS or self._staged[0].done):
+            self._book_staged(self._staged.popleft())
 
     def complete_staged(self) -> None:
-        """Buffer the staged poll, if there is one: wait for its decoding, then book it as accept_batch does."""
-        staged, self._staged = self._staged, None
-        if staged is None:
-            return
+        """Buffer the staged polls, oldest first: wait for each one's decoding, then book it as accept_batch does."""
+        while self._staged:
+            self._book_staged(self._staged.popleft())
+
+    def _book_staged(self, staged: StagedPoll) -> None:
         try:
             if staged.decoded is not None:
                 staged.decoded.result()
@@ -261,7 +273,7 @@ class Pipeline:
 
     @property
     def staged_records(self) -> int:
-        return 0 if self._staged is None else len(self._staged.records)
+        return sum(len(staged.records) for staged in self._staged)
 
     def _count_in(self, records: list[RawRecord]) -> None:
         counts: dict[str, int] = {}
@@ -645,7 +657,7 @@ class Pipeline:
         if self._committer is not None:
             self._committer.shutdown()
             self._committer = None
-        self._staged = None  # left only when run() raised: never buffered, so a restart reads it again
+        self._staged.clear()  # left only when run() raised: never buffered, so a restart reads them again
         if self._decoder is not None:
             self._decoder.shutdown()
             self._decoder = None
@@ -739,18 +751,18 @@ class Pipeline:
         return self.stats
 
     def _read(self, once: bool) -> list[RawRecord]:
-        """One poll, staged (see stage_batch); none when the buffer is full with the staged poll, which is then
+        """One poll, staged (see stage_batch); none when the buffer is full with the staged polls, which are then
         booked so that it flushes."""
         capacity = self.settings.max_records - self._buffered_records - self.staged_records
-        if self._staged is not None and capacity <= 0:
+        if self._staged and capacity <= 0:
             self.complete_staged()
             return []
         timeout = 0.2 if once else 1.0
         if self._first_buffered_at is not None:
             left = self.settings.latency_threshold_s - (time.monotonic() - self._first_buffered_at)
             timeout = max(min(timeout, left), 0.0)
-        if self._staged is not None:
-            timeout = 0.0  # what the client holds already; if nothing, the staged poll is booked now, not later
+        if self._staged:
+            timeout = 0.0  # what the client holds already; if nothing, the staged polls are booked now, not later
         records = self.source.poll(max(min(POLL_BATCH, capacity), 1), timeout)
         if records:
             self.stage_batch(records, dt.datetime.now(dt.UTC))

@@ -51,10 +51,13 @@ def retopic(records: Iterable[OutgoingRecord], prefix: str) -> list[Record]:
     ]
 
 
-def publish(broker: TansuBroker, records: list[Record], partitions: int) -> set[Coordinate]:
-    """Create the records' topics (if new) and publish them; returns the delivered coordinates."""
+def publish(
+    broker: TansuBroker, records: list[Record], partitions: int, producer: dict[str, Any] | None = None
+) -> set[Coordinate]:
+    """Create the records' topics (if new) and publish them (``producer``: librdkafka settings of the producer);
+    returns the delivered coordinates."""
     broker.create_topics(sorted({r.topic for r in records}), partitions=partitions, exist_ok=True)
-    delivered: list[Delivered] = broker.produce(records)
+    delivered: list[Delivered] = broker.produce(records, config=producer)
     assert len(delivered) == len(records)
     return set(delivered)
 

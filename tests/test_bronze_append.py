@@ -8,6 +8,8 @@ table properties must be equal. A flush across midnight takes pyiceberg's path a
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -200,8 +202,9 @@ def coordinates_of(records: Iterable[Any]) -> Counter[Coordinate]:
 @pytest.mark.parametrize("background_decode", [True, False])
 def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: bool) -> None:
     """run() with polls of 16 and flushes at 96 records: with background decoding a poll is grouped while the
-    one before it decodes, and a buffer that the staged poll fills books it before flushing. Every record lands exactly
-    once, each flush holds at most max_records, and bronze is what the per-record path writes."""
+    ones before it decode (here slowly, so that STAGED_POLLS of them wait), and a buffer that the staged polls fill
+    books them before flushing. Every record lands exactly once, each flush holds at most max_records, and bronze is
+    what the per-record path writes."""
     import ingest.pipeline as pipeline_module
     from ingest.fakes import build_stream, write_kcat_jsonl
     from ingest.sources.file import FileSource
@@ -220,20 +223,27 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
         return commit_buffer(buffer)
 
     pipeline._commit_buffer = counted  # type: ignore[method-assign]
-    staged: list[int] = []
-    stage = pipeline.stage_batch
+    staged: list[tuple[int, int]] = []  # after each poll: polls and records staged
+    stage, decode = pipeline.stage_batch, pipeline._decode_staged
 
     def noted(records: list[RawRecord], ingested_at: dt.datetime) -> None:
         stage(records, ingested_at)
-        staged.append(pipeline.staged_records)
+        staged.append((len(pipeline._staged), pipeline.staged_records))
+
+    def slow(poll: Any) -> None:
+        time.sleep(0.01)
+        decode(poll)
 
     pipeline.stage_batch = noted  # type: ignore[method-assign]
+    pipeline._decode_staged = slow  # type: ignore[method-assign,assignment]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pipeline_module, "POLL_BATCH", 16)
         pipeline.run(once=True)
-    assert pipeline._staged is None
+    assert not pipeline._staged
     assert pipeline._decoder is None
-    assert (max(staged) > 0) is background_decode  # polls were staged only with background decoding
+    # Polls were staged only with background decoding, and at most STAGED_POLLS of them.
+    assert max(polls for polls, _ in staged) == (pipeline_module.STAGED_POLLS if background_decode else 0)
+    assert max(records for _, records in staged) <= pipeline_module.STAGED_POLLS * 16
     assert len(sizes) >= len(stream.records) // 96
     assert max(sizes) <= 96
     assert bronze_coordinates(settings) == coordinates_of(stream.records)
@@ -254,17 +264,36 @@ def comparable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str
     }
 
 
-def test_flush_books_the_staged_poll(tmp_path: Path) -> None:
-    """A revoke (or stop) while a poll is staged commits that poll too: the partitions may move right after."""
+def test_flush_books_the_staged_polls(tmp_path: Path) -> None:
+    """A revoke (or stop) while polls are staged commits them too, oldest first: the partitions may move right
+    after. A poll is booked before its decoding ends only when STAGED_POLLS others wait behind it."""
+    import threading
+
+    import ingest.pipeline as pipeline_module
+
     settings = make_settings(tmp_path / "lake")
     source: Any = type("NoSource", (), {"commit_advisory": lambda self, offsets: None})()
     pipeline = Pipeline(settings.ingest, BronzeTables(load_catalog(settings), "bronze"), source)
     records = fake_records("db2", 3, 1)
-    half = len(records) // 2
-    pipeline.stage_batch(records[:half], MIDNIGHT)
-    pipeline.stage_batch(records[half:], MIDNIGHT)
-    assert pipeline.staged_records == len(records) - half
-    assert pipeline.stats.records_in == half
+    polls = pipeline_module.STAGED_POLLS + 1
+    size = len(records) // polls
+    assert size >= pipeline_module.FAST_PATH_MIN_RECORDS
+    cuts = [*range(0, size * polls, size), len(records)]
+    release = threading.Event()
+    decode = pipeline._decode_staged
+
+    def held(poll: Any) -> None:
+        release.wait(30)
+        decode(poll)
+
+    pipeline._decode_staged = held  # type: ignore[method-assign,assignment]
+    for low, high in itertools.pairwise(cuts[:-1]):
+        pipeline.stage_batch(records[low:high], MIDNIGHT)
+    assert pipeline.staged_records == cuts[-2]  # all of them wait for the decode thread
+    assert pipeline.stats.records_in == 0
+    release.set()
+    pipeline.stage_batch(records[cuts[-2] :], MIDNIGHT)  # one too many: the oldest is booked
+    assert pipeline.stats.records_in >= size
     pipeline.revoke([(records[0].topic, records[0].partition)])
     assert pipeline.staged_records == 0
     assert pipeline.stats.records_in == len(records)
