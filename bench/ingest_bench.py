@@ -600,7 +600,7 @@ def render_markdown(reports: list[Report]) -> str:
         *[f"- {_verdict(report.results)}" for report in reports],
         "",
         *[
-            f"{report.results.batches.capitalize()}: the median of {len(report.runs)} runs (raw consume, then "
+            f"With {report.results.batches} batches, the median of {len(report.runs)} runs (raw consume, then "
             "ingest, each time; steady state, ratio to that run's raw consume, ingest CPU, 1-minute load when the "
             f"run started): {_runs(report.runs)}.\n"
             for report in reports
