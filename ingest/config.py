@@ -134,8 +134,9 @@ class IngestSettings(_Section):
     )
     background_decode: bool = Field(
         default=True,
-        description="Decode a poll (JSON parse and typing, fast path) in a background thread while the next poll "
-        "is read; it is buffered before the next poll, a flush or a rebalance, so the result is the same as without.",
+        description="Decode polls (JSON parse and typing, fast path) in a background thread while the next ones are "
+        "read: up to 3 wait to be buffered, in order, and count against max_records / max_bytes; all are buffered "
+        "before a flush or a rebalance, so the result is the same as without.",
     )
     table_mapping: dict[str, str] = Field(
         default_factory=dict, description="Topic -> bronze table name overrides (name without namespace)."

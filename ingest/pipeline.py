@@ -83,11 +83,18 @@ class StagedPoll:
     ingested_at: dt.datetime
     groups: list[Group | None]  # of each record (None: the per-record path)
     built: list[Group]  # the distinct groups, in order of first appearance
+    size: int  # the records' RawRecord.size, summed (what they add to the buffer's bytes)
     decoded: Future[None] | None = None  # their decoding on the decode thread
 
     @property
     def done(self) -> bool:
         return self.decoded is None or self.decoded.done()
+
+
+def _size_of(records: list[RawRecord]) -> int:
+    """RawRecord.size, summed (without a Python call per record)."""
+    keys = sum(map(len, filter(None, map(_KEY, records))))
+    return 64 * len(records) + keys + sum(map(len, filter(None, map(_VALUE, records))))
 
 
 def _partitions_of(table: pa.Table) -> set[tuple[str, int]]:
@@ -275,6 +282,10 @@ class Pipeline:
     def staged_records(self) -> int:
         return sum(len(staged.records) for staged in self._staged)
 
+    @property
+    def staged_bytes(self) -> int:
+        return sum(staged.size for staged in self._staged)
+
     def _count_in(self, records: list[RawRecord]) -> None:
         counts: dict[str, int] = {}
         for record in records:
@@ -315,7 +326,7 @@ class Pipeline:
         for group in groups:
             if group is not None and id(group) not in built:
                 built[id(group)] = group
-        return StagedPoll(records, ingested_at, groups, list(built.values()))
+        return StagedPoll(records, ingested_at, groups, list(built.values()), _size_of(records))
 
     def _decode_staged(self, staged: StagedPoll) -> None:
         """Phase 2, each group's Arrow table (on the decode thread for stage_batch: pyarrow's JSON parse and
@@ -338,7 +349,8 @@ class Pipeline:
                 self._accept_in_order(records, groups, slow[1], slow[0], ingested_at)
                 fast = [index for index, group in enumerate(groups) if id(group) in whole]
                 fast_records, fast_groups = [records[index] for index in fast], [groups[index] for index in fast]
-            if self._accept_groups(fast_records, list(whole.values()), fast_groups):
+            size = staged.size if fast_records is records else _size_of(fast_records)
+            if self._accept_groups(fast_records, list(whole.values()), fast_groups, size):
                 return
             self._accept_in_order(records, groups, list(whole.values()), fast, ingested_at)
             return
@@ -441,9 +453,12 @@ class Pipeline:
                 if table is not None and table.num_rows:
                     self._buffer[group.name].tables.append(table)
 
-    def _accept_groups(self, records: list[RawRecord], groups: list[Group], members: list[Group | None]) -> bool:
+    def _accept_groups(
+        self, records: list[RawRecord], groups: list[Group], members: list[Group | None], size: int
+    ) -> bool:
         """Phase 3 for a poll whose every record the fast path kept (``groups`` in order of first appearance,
-        ``members[i]`` the group of record i): the per-record loop's bookkeeping, once per group where it can be.
+        ``members[i]`` the group of record i, ``size`` the records' bytes as :func:`_size_of` counts them): the
+        per-record loop's bookkeeping, once per group where it can be.
         Its outcome is the loop's: each group's schema is checked where the loop first meets it, a topic's last key
         and value schemas win, and each partition's offset is its last record's. False, with only the passed
         schema checks done (which the loop then finds done), when a schema check fails: the loop decides."""
@@ -493,9 +508,6 @@ class Pipeline:
         for topic in topics:
             known_key, known_value = self._topic_schemas.get(topic) or (None, None)
             self._topic_schemas[topic] = (key_schemas.get(topic) or known_key, value_schemas.get(topic) or known_value)
-        # RawRecord.size, summed.
-        size = 64 * len(records)
-        size += sum(map(len, filter(None, map(_KEY, records)))) + sum(map(len, filter(None, map(_VALUE, records))))
         self._buffered_records += len(records)
         self._buffered_bytes += size
         if self._first_buffered_at is None:
@@ -751,10 +763,10 @@ class Pipeline:
         return self.stats
 
     def _read(self, once: bool) -> list[RawRecord]:
-        """One poll, staged (see stage_batch); none when the buffer is full with the staged polls, which are then
-        booked so that it flushes."""
+        """One poll, staged (see stage_batch); none when the buffer is full with the staged polls (max_records or
+        max_bytes), which are then booked so that it flushes."""
         capacity = self.settings.max_records - self._buffered_records - self.staged_records
-        if self._staged and capacity <= 0:
+        if self._staged and (capacity <= 0 or self._buffered_bytes + self.staged_bytes >= self.settings.max_bytes):
             self.complete_staged()
             return []
         timeout = 0.2 if once else 1.0

@@ -253,6 +253,42 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
     assert comparable(bronze_rows(settings)) == comparable(bronze_rows(reference))
 
 
+def test_staged_polls_count_against_max_bytes(tmp_path: Path) -> None:
+    """Polls waiting for the (here slow) decode thread count against max_bytes as buffered ones do: the read loop
+    books them and flushes instead of reading on, so at most one poll more than max_bytes is held."""
+    import ingest.pipeline as pipeline_module
+    from ingest.fakes import build_stream, write_kcat_jsonl
+    from tests.conftest import file_pipeline
+
+    stream = build_stream("informix", seed=6, n_keys=40, n_changes=300, partitions=2)
+    dump = tmp_path / "informix.jsonl"
+    write_kcat_jsonl(stream.records, dump)
+    sizes = sorted(len(record.key or b"") + len(record.value or b"") + 64 for record in stream.records)
+    largest_poll = sum(sizes[-16:])
+    max_bytes = largest_poll * 3 // 2
+    settings = make_settings(tmp_path / "lake")
+    pipeline = file_pipeline(settings, dump, max_records=10_000, max_bytes=max_bytes)
+    held: list[int] = []  # after each poll: bytes buffered and staged
+    stage, decode = pipeline.stage_batch, pipeline._decode_staged
+
+    def noted(records: list[RawRecord], ingested_at: dt.datetime) -> None:
+        stage(records, ingested_at)
+        held.append(pipeline._buffered_bytes + pipeline.staged_bytes)
+
+    def slow(poll: Any) -> None:
+        time.sleep(0.01)
+        decode(poll)
+
+    pipeline.stage_batch = noted  # type: ignore[method-assign]
+    pipeline._decode_staged = slow  # type: ignore[method-assign,assignment]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pipeline_module, "POLL_BATCH", 16)
+        pipeline.run(once=True)
+    assert pipeline.stats.flushes >= len(stream.records) * 64 // max_bytes
+    assert max(held) <= max_bytes + largest_poll
+    assert bronze_coordinates(settings) == coordinates_of(stream.records)
+
+
 def comparable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
     """Bronze rows (kafka_fixtures.bronze_rows) but the ingest time, in Kafka order."""
     return {
