@@ -9,8 +9,9 @@ update, delete + tombstone, primary-key change, several changes of one key in
 one transaction, one transaction over two tables) and writes every record in
 the JSON-lines format of ``kcat -C -J`` plus the final table contents. A second
 recording (``toast``, its own cluster and files) updates rows whose large text,
-bytea, text[], integer[] and uuid[] values PostgreSQL stores out of line (TOAST),
-so that Debezium sends its placeholder for the values an update left alone.
+bytea, text[], integer[], uuid[] and hstore values PostgreSQL stores out of line (TOAST),
+so that Debezium sends its placeholder for the values an update left alone; a third
+(``toast_hstore_map``) plays it again with ``hstore.handling.mode=map``.
 
 Run it with ``make fixtures`` (or directly:
 ``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR] [--recording NAME]``).
@@ -43,7 +44,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,8 @@ class Recording:
     snapshot: tuple[str, ...]
     snapshot_expected: dict[str, int]  # topic -> number of snapshot records
     steps: tuple[Step, ...]
-    final_state: dict[str, str]  # table -> the query of its rows (with an `id` column)
+    final_state: dict[str, str]  # table -> the query of its rows (with an `id` column); none: no state file
+    connector: dict[str, str] = field(default_factory=dict)  # connector settings of this recording
 
     @property
     def dump_name(self) -> str:
@@ -268,6 +270,7 @@ DBSERVER1 = Recording(
 # writes its placeholder `__debezium_unavailable_value` instead, in a form per column type. STORAGE
 # EXTERNAL keeps these values uncompressed, so a few KB are enough to move them out of line.
 TOAST_DDL = """
+CREATE EXTENSION hstore;
 CREATE SCHEMA inventory;
 CREATE TABLE inventory.documents (
     id integer PRIMARY KEY,
@@ -276,22 +279,26 @@ CREATE TABLE inventory.documents (
     tags text[],
     attachment bytea,
     scores integer[],
-    refs uuid[]
+    refs uuid[],
+    attrs hstore
 );
 ALTER TABLE inventory.documents
     ALTER COLUMN body SET STORAGE EXTERNAL,
     ALTER COLUMN tags SET STORAGE EXTERNAL,
     ALTER COLUMN attachment SET STORAGE EXTERNAL,
     ALTER COLUMN scores SET STORAGE EXTERNAL,
-    ALTER COLUMN refs SET STORAGE EXTERNAL;
+    ALTER COLUMN refs SET STORAGE EXTERNAL,
+    ALTER COLUMN attrs SET STORAGE EXTERNAL;
 """
 DOCUMENTS_TOPIC = f"{TOPIC_PREFIX}.inventory.documents"
 _BIG_DOCUMENT = (
     "repeat('{word} ', 500), ARRAY[repeat('{word}-tag-a ', 100), repeat('{word}-tag-b ', 100)], "
     "decode(repeat('{byte}', 2500), 'hex'), ARRAY(SELECT {id} * 10000 + i FROM generate_series(1, 800) i), "
-    "ARRAY(SELECT md5('{word}' || i)::uuid FROM generate_series(1, 150) i)"
+    "ARRAY(SELECT md5('{word}' || i)::uuid FROM generate_series(1, 150) i), "
+    "hstore(ARRAY(SELECT '{word}-' || i FROM generate_series(1, 300) i), "
+    "ARRAY(SELECT repeat('{byte}', 5) || i FROM generate_series(1, 300) i))"
 )
-DOCUMENT_COLUMNS = "id, title, body, tags, attachment, scores, refs"
+DOCUMENT_COLUMNS = "id, title, body, tags, attachment, scores, refs, attrs"
 
 
 def _insert_document(doc_id: int, title: str, word: str, byte: str) -> str:
@@ -308,7 +315,7 @@ TOAST = Recording(
         _insert_document(1, "first", "alpha", "ab"),
         f"INSERT INTO inventory.documents ({DOCUMENT_COLUMNS}) "
         "VALUES (2, 'small', 'short body', ARRAY['x'], '\\x01', ARRAY[1, 2], "
-        "ARRAY['00000000-0000-0000-0000-000000000002'::uuid])",
+        "ARRAY['00000000-0000-0000-0000-000000000002'::uuid], 'size => small'::hstore)",
     ),
     snapshot_expected={DOCUMENTS_TOPIC: 2},
     steps=(
@@ -347,12 +354,16 @@ TOAST = Recording(
         ),
     ),
     final_state={
-        "documents": "SELECT id, title, body, tags, attachment, scores, refs::text[] AS refs "
-        "FROM inventory.documents ORDER BY id"
+        "documents": "SELECT id, title, body, tags, attachment, scores, refs::text[] AS refs, "
+        "hstore_to_json(attrs) AS attrs FROM inventory.documents ORDER BY id"
     },
 )
 
-RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST)}
+# The same statements with hstore.handling.mode=map: the hstore column is a Connect map, and its placeholder the map
+# of the placeholder to itself (DBZ-7582). Same final state as `toast` (toast_expected_final_state.json).
+TOAST_HSTORE_MAP = replace(TOAST, stem="toast_hstore_map", final_state={}, connector={"hstore.handling.mode": "map"})
+
+RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP)}
 
 # --------------------------------------------------------------------------- PostgreSQL
 
@@ -490,6 +501,8 @@ def _json_value(value: Any) -> Any:
         return str(value)
     if isinstance(value, list):
         return [_json_value(item) for item in value]
+    if isinstance(value, dict):  # json (an hstore as hstore_to_json gives it)
+        return {str(key): _json_value(item) for key, item in value.items()}
     raise TypeError(f"no JSON mapping for {type(value).__name__}: {value!r}")
 
 
@@ -624,7 +637,7 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
                 recorder = Recorder()
                 slot = "cdclake_fixtures"
                 engine = DebeziumJsonEngine(
-                    properties=engine_properties(cluster, work / "offsets.dat", slot),
+                    properties={**engine_properties(cluster, work / "offsets.dat", slot), **recording.connector},
                     handler=_make_handler(recorder),
                     jvm_opts=[
                         f"-Dlog4j2.configurationFile={log_cfg}",
@@ -667,10 +680,11 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
         with (out_dir / recording.dump_name).open("w", encoding="utf-8") as fh:
             for rec in recorder.records:
                 fh.write(json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
-        (out_dir / recording.state_name).write_text(
-            json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True) + "\n",
-            encoding="utf-8",
-        )
+        if recording.final_state:
+            (out_dir / recording.state_name).write_text(
+                json.dumps(state, ensure_ascii=False, indent=2, sort_keys=True) + "\n",
+                encoding="utf-8",
+            )
         summarize(recorder.records, out_dir / recording.dump_name, time.monotonic() - started)
     finally:
         shutil.rmtree(work, ignore_errors=True)

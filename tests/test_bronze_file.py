@@ -423,8 +423,9 @@ def test_snapshots_keep_a_running_count_of_unavailable_values(lakehouse: Path, t
 
 def test_unavailable_values_are_counted_in_text_bytes_and_arrays() -> None:
     """Debezium writes the placeholder as the text, as its bytes, as a text array's only element, as an integer
-    array of its bytes (DBZ-5936) or as a uuid array holding its UUID (DBZ-6720); an empty or null array is no
-    placeholder (and must not fail the count: it runs in every commit)."""
+    array of its bytes (DBZ-5936), as a uuid array holding its UUID (DBZ-6720) or as an hstore of it to itself
+    (DBZ-7582; JSON text or a map); an empty or null array or map is no placeholder (and must not fail the count:
+    it runs in every commit), nor is a slice's row before the slice."""
     placeholder = UNAVAILABLE_VALUE
     codes = list(placeholder.encode())
     fields = [
@@ -432,20 +433,27 @@ def test_unavailable_values_are_counted_in_text_bytes_and_arrays() -> None:
         ("b", pa.binary()),
         ("tags", pa.list_(pa.string())),
         ("scores", pa.list_(pa.int32())),
+        ("attrs", pa.map_(pa.string(), pa.string())),
         ("n", pa.int64()),
     ]
     rows = [
-        {"s": placeholder, "b": None, "tags": [], "scores": [], "n": 1},  # an update: counted
-        {"s": "x", "b": placeholder.encode(), "tags": None, "scores": None, "n": 2},  # counted
-        {"s": "x", "b": None, "tags": [placeholder], "scores": [1], "n": 3},  # counted
-        {"s": "x", "b": None, "tags": [placeholder, "y"], "scores": codes[:-1], "n": 4},
-        {"s": None, "b": None, "tags": ["a"], "scores": [*codes[:-1], 0], "n": 5},
-        {"s": placeholder, "b": None, "tags": [], "scores": None, "n": 6},  # an insert: its value
-        {"s": "x", "b": None, "tags": None, "scores": codes, "n": 7},  # counted
-        {"s": "x", "b": None, "tags": [UNAVAILABLE_UUID], "scores": [], "n": 8},  # counted (a uuid array)
+        {"s": placeholder, "b": None, "tags": [], "scores": [], "attrs": [], "n": 1},  # an update: counted
+        {"s": "x", "b": placeholder.encode(), "tags": None, "scores": None, "attrs": None, "n": 2},  # counted
+        {"s": "x", "b": None, "tags": [placeholder], "scores": [1], "attrs": [("k", "v")], "n": 3},  # counted
+        {"s": "x", "b": None, "tags": [placeholder, "y"], "scores": codes[:-1], "attrs": None, "n": 4},
+        {"s": None, "b": None, "tags": ["a"], "scores": [*codes[:-1], 0], "attrs": [(placeholder, "v")], "n": 5},
+        {"s": placeholder, "b": None, "tags": [], "scores": None, "attrs": None, "n": 6},  # an insert: its value
+        {"s": "x", "b": None, "tags": None, "scores": codes, "attrs": None, "n": 7},  # counted
+        {"s": "x", "b": None, "tags": [UNAVAILABLE_UUID], "scores": [], "attrs": None, "n": 8},  # counted (uuid[])
+        {"s": "x", "b": None, "tags": None, "scores": None, "attrs": [(placeholder, placeholder)], "n": 9},  # counted
+        {"s": "x", "b": None, "tags": None, "scores": None, "attrs": [(placeholder, None)], "n": 10},
+        {"s": "x", "b": None, "tags": None, "scores": None, "attrs": [(placeholder, placeholder), ("k", "v")], "n": 11},
+        {"s": f'{{"{placeholder}":"{placeholder}"}}', "b": None, "tags": None, "scores": None, "attrs": None, "n": 12},
     ]
-    data = pa.table({"op": ["u", "u", "u", "u", "u", "c", "u", "u"], "after": pa.array(rows, pa.struct(fields))})
-    assert count_unavailable(data) == 5
+    ops = ["u", "u", "u", "u", "u", "c", "u", "u", "u", "u", "u", "u"]
+    data = pa.table({"op": ops, "after": pa.array(rows, pa.struct(fields))})
+    assert count_unavailable(data) == 7  # the last one: an hstore as JSON text (hstore.handling.mode=json)
+    assert [count_unavailable(data.slice(start)) for start in (1, 7, 8, 9)] == [6, 3, 2, 1]
     assert UNAVAILABLE_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"  # Debezium's, for the default placeholder
 
 

@@ -4,8 +4,8 @@ scaffolded data tests), and silver compared with what PostgreSQL itself held aft
 
 The streams hold a snapshot, inserts, updates with and without a `before`, a delete and its tombstone, a primary-key
 change, several changes of one key in one transaction, one transaction over two tables, every common column type,
-and updates that left TOASTed values (text, bytea, text[], integer[] and uuid[]) out, which Debezium replaces by
-its placeholder.
+and updates that left TOASTed values (text, bytea, text[], integer[], uuid[] and hstore) out, which Debezium replaces
+by its placeholder.
 """
 
 from __future__ import annotations
@@ -31,14 +31,17 @@ pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
 RECORDED = FIXTURES / "debezium" / "postgres"
 PLACEHOLDER = "__debezium_unavailable_value"
-# How Debezium writes it in JSON, per column type: text, bytes (base64), text[], integer[] (its bytes) and uuid[]
-# (Java's UUID.nameUUIDFromBytes of its bytes).
+# How Debezium writes it in JSON, per column type: text, bytes (base64), text[], integer[] (its bytes), uuid[]
+# (Java's UUID.nameUUIDFromBytes of its bytes) and hstore (a map of it to itself: its JSON text with the default
+# hstore.handling.mode=json, the map with mode map).
 PLACEHOLDER_FORMS = (
     PLACEHOLDER,
     base64.b64encode(PLACEHOLDER.encode()).decode(),
     [PLACEHOLDER],
     list(PLACEHOLDER.encode()),
     ["b68a35a7-17ad-35b3-af2a-ae46edb4545a"],
+    orjson.dumps({PLACEHOLDER: PLACEHOLDER}).decode(),
+    {PLACEHOLDER: PLACEHOLDER},
 )
 # This module's topic prefix (each landing of a recording gets its own topics: its offsets start at 0) -> the
 # recorded final state it must give.
@@ -46,6 +49,7 @@ STATES = {
     "pgreal_main": "expected_final_state.json",
     "pgreal_toast": "toast_expected_final_state.json",
     "pgreal_toastjson": "toast_expected_final_state.json",
+    "pgreal_toastmap": "toast_expected_final_state.json",  # toast_hstore_map.jsonl: the same statements
 }
 
 
@@ -78,6 +82,8 @@ def as_recorded(column: str, value: Any) -> Any:
         return (dt.datetime.min + dt.timedelta(microseconds=value)).time().isoformat()
     if column == "c_interval":
         return value  # MicroDuration, compared with the recorded text converted
+    if column == "attrs" and isinstance(value, str):
+        return orjson.loads(value)  # hstore (hstore.handling.mode=json): JSON text, recorded as hstore_to_json
     if isinstance(value, list):
         return [as_recorded(column, item) for item in value]
     return value
@@ -121,6 +127,8 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
     snapshot = [line for line in toast if op(line) == "r"]
     assert toast[: len(snapshot)] == snapshot
     harness.land_lines("toast-snapshot", snapshot, dumps, ingest)
+    hstore_map = recorded("toast_hstore_map.jsonl", "pgreal_toastmap")
+    harness.land_lines("toastmap-snapshot", hstore_map[: len(snapshot)], dumps, ingest)
     schemaless = recorded("toast.jsonl", "pgreal_toastjson", schemas=False)
     harness.land_lines("toastjson-snapshot", schemaless[: len(snapshot)], dumps, ingest)
     tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
@@ -130,6 +138,7 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
         "pgreal_main_inventory_customers",
         "pgreal_main_inventory_typed_values",
         "pgreal_toast_inventory_documents",
+        "pgreal_toastmap_inventory_documents",
     ]
     # Without schemas the key's fields are not known before a record is read: scaffold leaves that model to us.
     assert "pgreal_toastjson_inventory_documents" in report.skipped
@@ -146,6 +155,7 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
     # The scaffolded data tests run too: keys unique, equals a recomputation, no key whose last change deletes it.
     assert run_dbt(harness.settings, ["build", "--select", *models]), "dbt build failed"
     harness.land_lines("toast-streamed", toast[len(snapshot) :], dumps, ingest)
+    harness.land_lines("toastmap-streamed", hstore_map[len(snapshot) :], dumps, ingest)
     harness.land_lines("toastjson-streamed", schemaless[len(snapshot) :], dumps, ingest)
     dead_letters = f"{harness.settings.lakehouse.bronze_namespace}.{DEAD_LETTER_TABLE}"
     if load_catalog(harness.settings).table_exists(dead_letters):  # made by the first dead letter
@@ -156,7 +166,12 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
 
 @pytest.mark.parametrize(
     ("prefix", "table"),
-    [("pgreal_main", "customers"), ("pgreal_main", "typed_values"), ("pgreal_toast", "documents")],
+    [
+        ("pgreal_main", "customers"),
+        ("pgreal_main", "typed_values"),
+        ("pgreal_toast", "documents"),
+        ("pgreal_toastmap", "documents"),
+    ],
 )
 def test_silver_equals_what_postgresql_held(built: SilverHarness, prefix: str, table: str) -> None:
     expected = orjson.loads((RECORDED / STATES[prefix]).read_bytes())[table]
@@ -174,7 +189,10 @@ def test_schemaless_silver_documents_equal_what_postgresql_held(built: SilverHar
     the base64 of its bytes, a one-element array) take the key's earlier values too."""
     expected = orjson.loads((RECORDED / STATES["pgreal_toastjson"]).read_bytes())["documents"]
     rows = built.rows("silver.pgreal_toastjson_inventory_documents", "id, _cdc_document", "id")
-    assert {str(row["id"]): orjson.loads(row["_cdc_document"]) for row in rows} == expected
+    documents = {str(row["id"]): orjson.loads(row["_cdc_document"]) for row in rows}
+    for document in documents.values():
+        document["attrs"] = orjson.loads(document["attrs"])  # an hstore's JSON text, recorded as hstore_to_json
+    assert documents == expected
 
 
 def test_schemaless_history_versions_fill_placeholders_from_the_version_before(built: SilverHarness) -> None:
@@ -196,19 +214,23 @@ def test_schemaless_history_versions_fill_placeholders_from_the_version_before(b
     assert [len(versions) for versions in got.values()] == [4, 2, 2]  # the snapshot or insert, then each update
 
 
-def test_the_toast_stream_holds_the_placeholder_in_each_form(built: SilverHarness) -> None:
+@pytest.mark.parametrize(
+    ("dump", "hstore"), [("toast.jsonl", PLACEHOLDER_FORMS[-2]), ("toast_hstore_map.jsonl", PLACEHOLDER_FORMS[-1])]
+)
+def test_the_toast_stream_holds_the_placeholder_in_each_form(built: SilverHarness, dump: str, hstore: Any) -> None:
     """What makes the documents' comparisons above mean something: the recorded updates carry Debezium's placeholder
     for each large value they left alone, in each of its forms (text `body`, bytes `attachment`, text array `tags`,
-    integer array `scores`, uuid array `refs`), for a document silver already held (1) and for one inserted earlier
-    in the same unit of work (3)."""
+    integer array `scores`, uuid array `refs`, hstore `attrs` as JSON text or as a map), for a document silver
+    already held (1) and for one inserted earlier in the same unit of work (3)."""
     forms: dict[int, set[str]] = {}
-    for line in recorded("toast.jsonl", "pgreal_toast"):
+    for line in recorded(dump, "pgreal_toast"):
         if op(line) != "u":
             continue
         after = orjson.loads(line["payload"])["payload"]["after"]
         found = forms.setdefault(after["id"], set())
         found |= {column for column, value in after.items() if value in PLACEHOLDER_FORMS}
-    large = {"body", "tags", "attachment", "scores", "refs"}
+        assert after["attrs"] == hstore or after["id"] == 2
+    large = {"body", "tags", "attachment", "scores", "refs", "attrs"}
     assert forms == {1: large, 2: set(), 3: large}
     rows = {row["id"]: row for row in built.rows("silver.pgreal_toast_inventory_documents", order="id")}
     assert rows[1]["tags"] is None  # the last update set it to NULL: a null an update carries is a value

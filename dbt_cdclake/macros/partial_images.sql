@@ -114,14 +114,21 @@
   {{ cdclake.json_quoted(text) }}
 {%- endmacro %}
 
+{#- The hstore placeholder (DBZ-7582), a map of the placeholder to itself, as JSON text: what Debezium writes for an
+    hstore with hstore.handling.mode=json (its default), and the map's JSON with mode map. -#}
+{% macro placeholder_hstore_json_sql(literal) -%}
+  to_json(map({{ literal }}, {{ literal }}))
+{%- endmacro %}
+
 {#- Whether raw JSON `member` of a schemaless image is the placeholder: its text, its bytes in base64, a text array
-    of it, an integer array of its bytes or a uuid array of its UUID. -#}
+    of it, an integer array of its bytes, a uuid array of its UUID, or an hstore's (JSON text, or a map). -#}
 {% macro json_is_placeholder_sql(member, placeholder) -%}
   {%- set literal = cdclake.placeholder_literal(placeholder) -%}
   {{ member }} in ({{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
     concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'),
     concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ','), ']'),
-    concat('["', {{ cdclake.placeholder_uuid_sql(literal) }}, '"]'))
+    concat('["', {{ cdclake.placeholder_uuid_sql(literal) }}, '"]'),
+    {{ cdclake.json_quoted(cdclake.placeholder_hstore_json_sql(literal)) }}, {{ cdclake.placeholder_hstore_json_sql(literal) }})
 {%- endmacro %}
 
 {#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
@@ -139,12 +146,13 @@
 {%- endmacro %}
 
 {#- Whether image field `field` of a bronze row holds `placeholder`, as Debezium writes it for each type: the text,
-    bytes of the text, a text array of it, an integer array of its bytes, a uuid array of its UUID (compared as
-    Spark's text of the value). -#}
+    bytes of the text, a text array of it, an integer array of its bytes, a uuid array of its UUID, an hstore's JSON
+    text or map (DBZ-7582); compared as Spark's text of the value. -#}
 {% macro unavailable_sql(field, placeholder) -%}
   {%- set literal = cdclake.placeholder_literal(placeholder) -%}
   cast(after.{{ cdclake.quote(field) }} as string) in ({{ literal }}, concat('[', {{ literal }}, ']'),
-    concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ', '), ']'), concat('[', {{ cdclake.placeholder_uuid_sql(literal) }}, ']'))
+    concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ', '), ']'), concat('[', {{ cdclake.placeholder_uuid_sql(literal) }}, ']'),
+    {{ cdclake.placeholder_hstore_json_sql(literal) }}, concat('{', {{ literal }}, ' -> ', {{ literal }}, '}'))
 {%- endmacro %}
 
 {% macro unavailable_any_sql(fields, placeholder) -%}

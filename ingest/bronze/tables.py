@@ -50,6 +50,8 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"  # Debezium's default unavail
 UNAVAILABLE_UUID = str(
     uuid.UUID(bytes=hashlib.md5(UNAVAILABLE_VALUE.encode(), usedforsecurity=False).digest(), version=3)
 )
+# What it puts in an hstore column with hstore.handling.mode=json (the default; a map of it to itself, DBZ-7582).
+UNAVAILABLE_HSTORE_JSON = orjson.dumps({UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}).decode()
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -262,8 +264,8 @@ def count_truncates(data: pa.Table) -> int:
 
 def count_unavailable(data: pa.Table) -> int:
     """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column, as
-    the only element of a text array, as an integer array of its bytes (DBZ-5936) or as the only element of a uuid
-    array (its UUID, DBZ-6720)."""
+    the only element of a text array, as an integer array of its bytes (DBZ-5936), as the only element of a uuid
+    array (its UUID, DBZ-6720), or as an hstore that maps it to itself (DBZ-7582): JSON text, or a map's only entry."""
     if "op" not in data.column_names or "after" not in data.column_names:
         return 0
     after = data["after"].combine_chunks()
@@ -275,22 +277,20 @@ def count_unavailable(data: pa.Table) -> int:
     for index in range(after.type.num_fields):
         child = after.field(index)
         if pa.types.is_string(child.type) or pa.types.is_large_string(child.type):
-            hit = pc.equal(child, UNAVAILABLE_VALUE)
+            hit = pc.is_in(child, value_set=pa.array([UNAVAILABLE_VALUE, UNAVAILABLE_HSTORE_JSON], child.type))
         elif pa.types.is_binary(child.type) or pa.types.is_large_binary(child.type):
             hit = pc.equal(child, pa.scalar(UNAVAILABLE_VALUE.encode(), child.type))
         elif pa.types.is_list(child.type) and pa.types.is_integer(child.type.value_type):
             hit = _lists_equal_to(child, list(UNAVAILABLE_VALUE.encode()))
         elif pa.types.is_list(child.type) and pa.types.is_string(child.type.value_type):
-            # The rows whose only element is the placeholder (list_element would fail on an empty list).
             flat = pc.list_flatten(child)
-            element_hits = pc.fill_null(
-                pc.is_in(flat, value_set=pa.array([UNAVAILABLE_VALUE, UNAVAILABLE_UUID])), False
-            )
-            rows = pc.filter(pc.list_parent_indices(child), element_hits).cast(pa.int64())
-            hit = pc.and_(
-                pc.equal(pc.list_value_length(child), 1),
-                pc.is_in(pa.array(range(len(child)), pa.int64()), value_set=rows),
-            )
+            hit = _only_element_is(child, pc.is_in(flat, value_set=pa.array([UNAVAILABLE_VALUE, UNAVAILABLE_UUID])))
+        elif pa.types.is_map(child.type) and pa.types.is_string(child.type.item_type):
+            # Arrow's list kernels take no maps (list_parent_indices even aborts the process): as a list of entries.
+            entries = child.cast(pa.list_(pa.struct([child.type.key_field, child.type.item_field])))
+            flat = pc.list_flatten(entries)
+            is_placeholder = [pc.equal(pc.struct_field(flat, [index]), UNAVAILABLE_VALUE) for index in (0, 1)]
+            hit = _only_element_is(entries, pc.and_(*is_placeholder))
         else:
             continue
         found = hit if found is None else pc.or_kleene(found, hit)
@@ -298,6 +298,15 @@ def count_unavailable(data: pa.Table) -> int:
         return 0
     updates = pc.equal(data["op"].combine_chunks(), "u")
     return int(pc.sum(pc.and_(updates, pc.fill_null(found, False))).as_py() or 0)
+
+
+def _only_element_is(lists: pa.Array, element_hits: pa.Array) -> pa.Array:
+    """Per row of a list array: whether it holds exactly one element and that one is a hit (``element_hits``: per
+    element of its flattened values). Not by list_element, which fails on an empty list."""
+    rows = pc.filter(pc.list_parent_indices(lists), pc.fill_null(element_hits, False)).cast(pa.int64())
+    return pc.and_(
+        pc.equal(pc.list_value_length(lists), 1), pc.is_in(pa.array(range(len(lists)), pa.int64()), value_set=rows)
+    )
 
 
 def _lists_equal_to(lists: pa.Array, expected: list[int]) -> pa.Array:
