@@ -671,7 +671,7 @@ class Pipeline:
             self._committer = None
         self._staged.clear()  # left only when run() raised: never buffered, so a restart reads them again
         if self._decoder is not None:
-            self._decoder.shutdown()
+            self._decoder.shutdown(cancel_futures=True)  # polls not decoded yet: never to be booked
             self._decoder = None
 
     def _commit_buffer(self, buffer: dict[str, TableBatch]) -> dict[tuple[str, int], int]:

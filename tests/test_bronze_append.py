@@ -302,7 +302,7 @@ def comparable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str
 
 def test_flush_books_the_staged_polls(tmp_path: Path) -> None:
     """A revoke (or stop) while polls are staged commits them too, oldest first: the partitions may move right
-    after. A poll is booked before its decoding ends only when STAGED_POLLS others wait behind it."""
+    after. The read loop waits for a poll's decoding (to book it) only when STAGED_POLLS others are staged behind it."""
     import threading
 
     import ingest.pipeline as pipeline_module

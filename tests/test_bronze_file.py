@@ -454,6 +454,9 @@ def test_unavailable_values_are_counted_in_text_bytes_and_arrays() -> None:
     data = pa.table({"op": ops, "after": pa.array(rows, pa.struct(fields))})
     assert count_unavailable(data) == 7  # the last one: an hstore as JSON text (hstore.handling.mode=json)
     assert [count_unavailable(data.slice(start)) for start in (1, 7, 8, 9)] == [6, 3, 2, 1]
+    # A map with other keys than text is no hstore (and must not fail the commit either).
+    int_keyed = pa.struct([("m", pa.map_(pa.int32(), pa.string()))])
+    assert count_unavailable(pa.table({"op": ["u"], "after": pa.array([{"m": [(1, placeholder)]}], int_keyed)})) == 0
     assert UNAVAILABLE_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"  # Debezium's, for the default placeholder
 
 

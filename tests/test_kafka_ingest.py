@@ -80,8 +80,8 @@ def test_fake_streams_land_exactly_once_and_resume(broker: TansuBroker, lakehous
 
 
 def test_compressed_topics_land_exactly_once(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
-    """Kafka Connect compresses Debezium's batches when told to (``producer.override.compression.type``): every codec
-    Kafka has lands the same bronze as an uncompressed topic."""
+    """Kafka Connect compresses Debezium's batches when told to (``producer.override.compression.type``): topics
+    produced with every codec Kafka has land the same bronze as an uncompressed topic."""
     stream = build_stream("db2", seed=3, n_keys=20, n_changes=80, partitions=PARTITIONS)
     codecs = ["none", "lz4", "zstd", "gzip", "snappy"]
     expected: dict[str, set[tuple[str, int, int]]] = {}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.bronze.tables import UNAVAILABLE_VALUE
+from ingest.bronze.tables import UNAVAILABLE_UUID, UNAVAILABLE_VALUE
 from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay, without_schema
@@ -103,15 +103,21 @@ def test_unavailable_values_in_schemaless_images(harness: SilverHarness, tmp_pat
     Bronze keeps no count of placeholders in JSON text: silver looks into every unit."""
     topic = harness.topic("toast_json")
 
-    def land(changes: list[Change], drop: str | None = None) -> None:
+    def land(changes: list[Change], drop: str | None = None, v: Any = None) -> None:
         lines = topic.records(changes)
         for line in lines:
             line["key"], line["payload"] = without_schema(line["key"]), without_schema(line["payload"])
+            payload = orjson.loads(line["payload"])
             if drop is not None:
-                payload = orjson.loads(line["payload"])
                 del payload["after"][drop]
-                line["payload"] = orjson.dumps(payload).decode()
+            if v is not None:
+                payload["after"]["v"] = v
+            line["payload"] = orjson.dumps(payload).decode()
         harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, tmp_path)
+
+    def documents() -> dict[str, Any]:
+        rows = harness.rows(f"silver.{topic.table}", "id, _cdc_document", "id")
+        return {row["id"]: orjson.loads(row["_cdc_document"]) for row in rows}
 
     land([Change(C, 1, 10, "big-1", n=100), Change(C, 2, 11, "big-2", n=200)])
     harness.write_model(topic, "keys=['id']")
@@ -121,8 +127,18 @@ def test_unavailable_values_in_schemaless_images(harness: SilverHarness, tmp_pat
     expected = {"1": {"id": 1, "v": "big-1", "n": 101}, "2": {"id": 2, "v": "big-2"}, "4": {"id": 4, "n": 400}}
     for extra in ([], ["--full-refresh"]):
         assert harness.build(topic, *extra)
-        rows = harness.rows(f"silver.{topic.table}", "id, _cdc_document", "id")
-        assert {row["id"]: orjson.loads(row["_cdc_document"]) for row in rows} == expected
+        assert documents() == expected
+    # The other forms, in units of work without the placeholder as a JSON string (the unit's cheap text search
+    # must find them too): an hstore as JSON text (its quotes escaped inside the string) with an integer array of
+    # the bytes, then a uuid array with an hstore map.
+    hstore = {UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}
+    units = [(orjson.dumps(hstore).decode(), list(UNAVAILABLE_VALUE.encode())), ([UNAVAILABLE_UUID], hstore)]
+    for n, (first, second) in enumerate(units, 102):
+        land([Change(U, 1, 2 * n, "-", n=n)], v=first)
+        land([Change(U, 2, 2 * n + 1, "-", n=n)], v=second)
+        assert harness.build(topic)
+        folded = documents()
+        assert [folded["1"], folded["2"]] == [{"id": 1, "v": "big-1", "n": n}, {"id": 2, "v": "big-2", "n": n}], first
 
 
 def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:

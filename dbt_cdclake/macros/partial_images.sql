@@ -75,12 +75,19 @@
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 
-{#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, as a JSON string or the
-    base64 of its bytes, else none. (A cheap text search: each member is checked when folding.) -#}
+{#- The placeholder when an update's JSON text image (schemaless bronze) may hold it in one of the forms
+    json_is_placeholder_sql knows, else none: a cheap text search for the text (as a JSON string, or bare: inside
+    an hstore's JSON text its quotes are escaped), the base64 of its bytes, the bytes as numbers, and its UUID.
+    Each member is checked when folding. -#}
 {% macro unavailable_document_placeholder_in(changes) -%}
   {%- set placeholder = cdclake.configured_placeholder() -%}
   {%- if placeholder is none %}{{ return(none) }}{% endif -%}
-  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (instr(after, " ~ cdclake.json_placeholder_sql(placeholder) ~ ") > 0 or instr(after, " ~ cdclake.json_placeholder_sql(placeholder, true) ~ ") > 0)").rows[0][0] -%}
+  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
+  {%- set forms = [cdclake.json_placeholder_sql(placeholder), literal, cdclake.json_placeholder_sql(placeholder, true),
+      "concat('[', array_join(" ~ cdclake.placeholder_bytes_sql(literal) ~ ", ','), ']')", cdclake.placeholder_uuid_sql(literal)] -%}
+  {%- set searches = [] -%}
+  {%- for form in forms %}{% do searches.append("instr(after, " ~ form ~ ") > 0") %}{% endfor -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ searches | join(' or ') ~ ")").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 

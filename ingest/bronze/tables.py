@@ -285,7 +285,11 @@ def count_unavailable(data: pa.Table) -> int:
         elif pa.types.is_list(child.type) and pa.types.is_string(child.type.value_type):
             flat = pc.list_flatten(child)
             hit = _only_element_is(child, pc.is_in(flat, value_set=pa.array([UNAVAILABLE_VALUE, UNAVAILABLE_UUID])))
-        elif pa.types.is_map(child.type) and pa.types.is_string(child.type.item_type):
+        elif (
+            pa.types.is_map(child.type)
+            and pa.types.is_string(child.type.key_type)
+            and pa.types.is_string(child.type.item_type)
+        ):
             # Arrow's list kernels take no maps (list_parent_indices even aborts the process): as a list of entries.
             entries = child.cast(pa.list_(pa.struct([child.type.key_field, child.type.item_field])))
             flat = pc.list_flatten(entries)
