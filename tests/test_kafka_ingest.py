@@ -108,6 +108,48 @@ def test_compressed_topics_land_exactly_once(broker: TansuBroker, lakehouse: Pat
     assert len(plain) == len(stream.records)
     for codec in codecs[1:]:
         assert sorted(by_codec[codec]) == plain, codec
+    # The batches really were compressed: reading each topic took far fewer bytes from the broker than reading the
+    # uncompressed one, which took more than its messages hold.
+    wire = {codec: fetched_bytes(broker, next(iter(coordinates))[0]) for codec, coordinates in expected.items()}
+    assert wire["none"][0] > wire["none"][1]
+    assert {codec: received < 0.75 * wire["none"][0] for codec, (received, _) in wire.items() if codec != "none"} == {
+        codec: True for codec in codecs[1:]
+    }, wire
+
+
+def fetched_bytes(broker: TansuBroker, topic: str) -> tuple[int, int]:  # noqa: F811
+    """Read ``topic`` to its end; librdkafka's counts of the bytes received from the brokers and of the messages'
+    bytes in them (decompressed)."""
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+    stats: list[str] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": unique("stats"),
+            "enable.partition.eof": True,
+            "statistics.interval.ms": 100,
+            "fetch.wait.max.ms": 10,
+            "stats_cb": stats.append,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING) for partition in range(PARTITIONS)])
+        at_end: set[int | None] = set()
+        deadline = time.monotonic() + 30
+        while len(at_end) < PARTITIONS and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 0.1):
+                error = message.error()
+                if error is not None and error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(message.partition())
+        assert len(at_end) == PARTITIONS, f"{topic} not read to its end"
+        read = len(stats)
+        while len(stats) == read and time.monotonic() < deadline:  # statistics taken after the last fetch
+            consumer.poll(0.1)
+    finally:
+        consumer.close()
+    last = orjson.loads(stats[-1])
+    return sum(broker_stats["rxbytes"] for broker_stats in last["brokers"].values()), last["rxmsg_bytes"]
 
 
 def test_topic_pattern_follows_matching_topics(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
