@@ -75,19 +75,12 @@
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 
-{#- The placeholder when an update's JSON text image (schemaless bronze) may hold it in one of the forms
-    json_is_placeholder_sql knows, else none: a cheap text search for the text (as a JSON string, or bare: inside
-    an hstore's JSON text its quotes are escaped), the base64 of its bytes, the bytes as numbers, and its UUID.
-    Each member is checked when folding. -#}
+{#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, else none: a cheap text
+    search for each form json_placeholder_forms_sql lists. Each member is checked when folding. -#}
 {% macro unavailable_document_placeholder_in(changes) -%}
   {%- set placeholder = cdclake.configured_placeholder() -%}
   {%- if placeholder is none %}{{ return(none) }}{% endif -%}
-  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
-  {%- set forms = [cdclake.json_placeholder_sql(placeholder), literal, cdclake.json_placeholder_sql(placeholder, true),
-      "concat('[', array_join(" ~ cdclake.placeholder_bytes_sql(literal) ~ ", ','), ']')", cdclake.placeholder_uuid_sql(literal)] -%}
-  {%- set searches = [] -%}
-  {%- for form in forms %}{% do searches.append("instr(after, " ~ form ~ ") > 0") %}{% endfor -%}
-  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ searches | join(' or ') ~ ")").rows[0][0] -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and exists(array(" ~ cdclake.json_placeholder_forms_sql(placeholder) ~ "), _cdc_f -> instr(after, _cdc_f) > 0)").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 
@@ -127,15 +120,21 @@
   to_json(map({{ literal }}, {{ literal }}))
 {%- endmacro %}
 
-{#- Whether raw JSON `member` of a schemaless image is the placeholder: its text, its bytes in base64, a text array
-    of it, an integer array of its bytes, a uuid array of its UUID, or an hstore's (JSON text, or a map). -#}
-{% macro json_is_placeholder_sql(member, placeholder) -%}
+{#- The placeholder's forms as raw JSON in a schemaless image, a comma-separated SQL list: its text, its bytes in
+    base64, a text array of it, an integer array of its bytes, a uuid array of its UUID, an hstore's JSON text (a
+    string) or map (an object). -#}
+{% macro json_placeholder_forms_sql(placeholder) -%}
   {%- set literal = cdclake.placeholder_literal(placeholder) -%}
-  {{ member }} in ({{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
+  {{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
     concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'),
     concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ','), ']'),
     concat('["', {{ cdclake.placeholder_uuid_sql(literal) }}, '"]'),
-    {{ cdclake.json_quoted(cdclake.placeholder_hstore_json_sql(literal)) }}, {{ cdclake.placeholder_hstore_json_sql(literal) }})
+    {{ cdclake.json_quoted(cdclake.placeholder_hstore_json_sql(literal)) }}, {{ cdclake.placeholder_hstore_json_sql(literal) }}
+{%- endmacro %}
+
+{#- Whether raw JSON `member` of a schemaless image is the placeholder, in one of its forms. -#}
+{% macro json_is_placeholder_sql(member, placeholder) -%}
+  {{ member }} in ({{ cdclake.json_placeholder_forms_sql(placeholder) }})
 {%- endmacro %}
 
 {#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
