@@ -11,9 +11,9 @@ import datetime as dt
 import itertools
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pytest
@@ -29,6 +29,7 @@ from tests.conftest import make_settings
 from tests.kafka_fixtures import Coordinate, bronze_coordinates, bronze_rows
 from tests.test_fast_path import PG_DUMP, fake_records, file_records
 
+T = TypeVar("T")
 MIDNIGHT = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
 # Sizes differ with how the rows are chunked in memory; everything the files say about their rows must not.
 SIZE_KEYS = {"added-files-size", "total-files-size"}
@@ -223,22 +224,7 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
         return commit_buffer(buffer)
 
     pipeline._commit_buffer = counted  # type: ignore[method-assign]
-    staged: list[tuple[int, int]] = []  # after each poll: polls and records staged
-    stage, decode = pipeline.stage_batch, pipeline._decode_staged
-
-    def noted(records: list[RawRecord], ingested_at: dt.datetime) -> None:
-        stage(records, ingested_at)
-        staged.append((len(pipeline._staged), pipeline.staged_records))
-
-    def slow(poll: Any) -> None:
-        time.sleep(0.01)
-        decode(poll)
-
-    pipeline.stage_batch = noted  # type: ignore[method-assign]
-    pipeline._decode_staged = slow  # type: ignore[method-assign,assignment]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pipeline_module, "POLL_BATCH", 16)
-        pipeline.run(once=True)
+    staged = run_staging_slowly(pipeline, lambda: (len(pipeline._staged), pipeline.staged_records))
     assert not pipeline._staged
     assert pipeline._decoder is None
     # Polls were staged only with background decoding, and at most STAGED_POLLS of them.
@@ -256,7 +242,6 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
 def test_staged_polls_count_against_max_bytes(tmp_path: Path) -> None:
     """Polls waiting for the (here slow) decode thread count against max_bytes as buffered ones do: the read loop
     books them and flushes instead of reading on, so at most one poll more than max_bytes is held."""
-    import ingest.pipeline as pipeline_module
     from ingest.fakes import build_stream, write_kcat_jsonl
     from tests.conftest import file_pipeline
 
@@ -268,12 +253,23 @@ def test_staged_polls_count_against_max_bytes(tmp_path: Path) -> None:
     max_bytes = largest_poll * 3 // 2
     settings = make_settings(tmp_path / "lake")
     pipeline = file_pipeline(settings, dump, max_records=10_000, max_bytes=max_bytes)
-    held: list[int] = []  # after each poll: bytes buffered and staged
+    held = run_staging_slowly(pipeline, lambda: pipeline._buffered_bytes + pipeline.staged_bytes)
+    assert pipeline.stats.flushes >= len(stream.records) * 64 // max_bytes
+    assert max(held) <= max_bytes + largest_poll
+    assert bronze_coordinates(settings) == coordinates_of(stream.records)
+
+
+def run_staging_slowly(pipeline: Pipeline, observe: Callable[[], T]) -> list[T]:
+    """``pipeline.run(once=True)`` with polls of 16 records and a decode thread slowed to 10 ms a poll, so that polls
+    wait staged; returns what ``observe()`` saw after each poll was staged."""
+    import ingest.pipeline as pipeline_module
+
+    seen: list[T] = []
     stage, decode = pipeline.stage_batch, pipeline._decode_staged
 
     def noted(records: list[RawRecord], ingested_at: dt.datetime) -> None:
         stage(records, ingested_at)
-        held.append(pipeline._buffered_bytes + pipeline.staged_bytes)
+        seen.append(observe())
 
     def slow(poll: Any) -> None:
         time.sleep(0.01)
@@ -284,9 +280,7 @@ def test_staged_polls_count_against_max_bytes(tmp_path: Path) -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pipeline_module, "POLL_BATCH", 16)
         pipeline.run(once=True)
-    assert pipeline.stats.flushes >= len(stream.records) * 64 // max_bytes
-    assert max(held) <= max_bytes + largest_poll
-    assert bronze_coordinates(settings) == coordinates_of(stream.records)
+    return seen
 
 
 def comparable(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
