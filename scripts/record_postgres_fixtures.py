@@ -148,7 +148,7 @@ class Recording:
     snapshot: tuple[str, ...]
     snapshot_expected: dict[str, int]  # topic -> number of snapshot records
     steps: tuple[Step, ...]
-    final_state: dict[str, str]  # table -> the query of its rows (with an `id` column); none: no state file
+    final_state: dict[str, str]  # table -> the query of its rows (with an `id` column); empty: no state file
     connector: dict[str, str] = field(default_factory=dict)  # connector settings of this recording
 
     @property
