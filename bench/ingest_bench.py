@@ -656,6 +656,32 @@ def print_table(results: Results, rows: list[tuple[str, str, str]]) -> None:
         print(f"  note: {note}")
 
 
+def measure(count: int, table_name: str, compression: str, repeat: int, profile: Path | None) -> Report:
+    """One topic encoding, on a broker of its own: publish once, then ``repeat`` times raw consume + ingest; the
+    median run by ingest rate is the report's (``profile``: of the first run)."""
+    topic = TABLES[table_name].topic
+    first = Results(events=count, partitions=PARTITIONS, table=table_name, compression=compression)
+    runs: list[Results] = []
+    with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
+        print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions, {first.batches}) ...", flush=True)
+        produce(broker, count, first)
+        for index in range(repeat):
+            results = first
+            if index:  # a run of its own: only what publishing measured is shared
+                results = Results(
+                    count, PARTITIONS, table_name, first.value_bytes, first.produce_s, compression=compression
+                )
+            results.load_average = os.getloadavg()
+            print(f"run {index + 1}/{repeat}: raw consume ...", flush=True)
+            raw_consume(broker, results)
+            print(f"run {index + 1}/{repeat}: cdclake ingest ...", flush=True)
+            ingest(broker, results, Path(tmp) / f"run{index}", profile if index == 0 else None, f"bench-{index}")
+            results.load_after = os.getloadavg()
+            runs.append(results)
+    median = sorted(runs, key=lambda run: run.rate(run.ingest_steady_s))[len(runs) // 2]
+    return Report(median, table(median), runs)
+
+
 def main(
     events: int | None = None,
     quick: bool = False,
@@ -665,40 +691,14 @@ def main(
     repeat: int | None = None,
     compressions: Sequence[str] = DEFAULT_COMPRESSIONS,
 ) -> list[Results]:
-    """Run the benchmark, per topic encoding in ``compressions``: publish once, then ``repeat`` times raw consume +
-    ingest (default 3, 1 for ``quick``); the median run by ingest rate is reported, one per encoding. ``quick`` and
-    ``profile`` runs do not touch the docs."""
+    """Run the benchmark, per topic encoding in ``compressions`` (see :func:`measure`; default 3 runs each, 1 for
+    ``quick``), and report each encoding's median run. ``quick`` and ``profile`` runs do not touch the docs."""
     count = events if events is not None else (QUICK_EVENTS if quick else 1_000_000)
     repeat = repeat if repeat is not None else (1 if quick or profile else 3)
-    topic = TABLES[table_name].topic
-    reports: list[Report] = []
-    for compression in compressions:
-        first = Results(events=count, partitions=PARTITIONS, table=table_name, compression=compression)
-        runs: list[Results] = []
-        with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
-            print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions, {first.batches}) ...", flush=True)
-            produce(broker, count, first)
-            for index in range(repeat):
-                results = first
-                if index:  # a run of its own: only what publishing measured is shared
-                    results = Results(
-                        count,
-                        PARTITIONS,
-                        table_name,
-                        first.value_bytes,
-                        first.produce_s,
-                        compression=compression,
-                    )
-                results.load_average = os.getloadavg()
-                print(f"run {index + 1}/{repeat}: raw consume ...", flush=True)
-                raw_consume(broker, results)
-                print(f"run {index + 1}/{repeat}: cdclake ingest ...", flush=True)
-                profile_to = profile if index == 0 and not reports else None
-                ingest(broker, results, Path(tmp) / f"run{index}", profile_to, f"bench-{index}")
-                results.load_after = os.getloadavg()
-                runs.append(results)
-        results = sorted(runs, key=lambda run: run.rate(run.ingest_steady_s))[len(runs) // 2]
-        reports.append(Report(results, table(results), runs))
+    reports = [
+        measure(count, table_name, compression, repeat, profile if index == 0 else None)
+        for index, compression in enumerate(compressions)
+    ]
     for report in reports:
         print_table(report.results, report.rows)
         if len(report.runs) > 1:
