@@ -3,17 +3,22 @@
 Lookup order for the file: ``--config``, then ``CDCLAKE_CONFIG``, then ``./cdclake.yml``; without a file the
 embedded defaults apply (SQLite catalog and warehouse under ``./lakehouse``).
 
-Environment overrides use ``CDCLAKE__<SECTION>__<KEY>`` (``CDCLAKE__SOURCE__BOOTSTRAP_SERVERS=...``). Inside the
+Environment overrides use ``CDCLAKE__<SECTION>__<KEY>`` (``CDCLAKE__SOURCE__BOOTSTRAP_SERVERS=...``): a text
+setting takes the value as written, a list or mapping setting a YAML one (``CDCLAKE__SOURCE__TOPICS='[a, b]'``;
+a mapping's entries are added to the file's), and ``null`` unsets a setting that may be unset. Inside the
 librdkafka ``consumer`` map, ``_`` stands for ``.`` (``CDCLAKE__SOURCE__CONSUMER__SASL_PASSWORD`` sets
-``sasl.password``). Values may also reference the environment as ``${VAR}`` so secrets stay out of the file.
+``sasl.password``); the other maps (``spark.conf``, ``ingest.table_mapping``) are set whole, as YAML. Values may
+also reference the environment as ``${VAR}`` so secrets stay out of the file. Errors name the variable at fault.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import unquote
 
 import yaml
@@ -64,6 +69,22 @@ class LakehouseSettings(_Section):
         default="silver", pattern=r"^[a-z_][a-z0-9_]*$", description="Namespace of the silver tables (dbt schema)."
     )
 
+    @field_validator("catalog_uri")
+    @classmethod
+    def _uri_parses(cls, value: SecretStr) -> SecretStr:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(value.get_secret_value())
+        except (ArgumentError, ValueError):
+            # Without the text: it holds the password.
+            raise ValueError(
+                "not a valid SQLAlchemy URI (sqlite:////abs/catalog.db or "
+                "postgresql+psycopg2://user:password@host:5432/db; the port must be a number)"
+            ) from None
+        return value
+
 
 class SparkSettings(_Section):
     """Where Spark runs. The embedded default is local; a cluster is a master URL plus extra conf."""
@@ -84,8 +105,12 @@ class SourceSettings(_Section):
 
     type: Literal["kafka", "file"] = Field(default="kafka", description="kafka, or file (a kcat -J topic dump).")
     bootstrap_servers: str = Field(default="127.0.0.1:9092", description="Kafka bootstrap servers.")
-    topics: list[str] = Field(default_factory=list, description="Debezium topics to follow.")
-    topic_pattern: str | None = Field(default=None, description="Regex of topics to follow, e.g. '^dbserver1\\..*'.")
+    topics: list[str] = Field(
+        default_factory=list, description="Debezium topics to follow (type=file: those of the dump; default all)."
+    )
+    topic_pattern: str | None = Field(
+        default=None, description="Regex of topics to follow, matched from the name's start, e.g. '^dbserver1\\..*'."
+    )
     group_id: str = Field(default="cdclake", description="Consumer group; group commits are advisory only.")
     consumer: dict[str, SecretStr] = Field(
         default_factory=dict, description="Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*)."
@@ -198,7 +223,9 @@ class MaintenanceSettings(_Section):
 
 class DbtSettings(_Section):
     project_dir: str = Field(default="dbt_project", description="dbt project used by `cdclake dbt` and scaffold.")
-    target: str = Field(default="session", description="dbt target of the generated profile.")
+    target: Literal["session", "cluster"] = Field(
+        default="session", description="dbt target of the generated profile: session (in-process Spark) or cluster."
+    )
     thrift_host: str | None = Field(
         default=None,
         description="Spark Thrift Server host: when set, the profile gets a `cluster` target (dbt-spark thrift).",
@@ -249,31 +276,91 @@ def _interpolate(value: Any, where: str, environ: dict[str, str]) -> Any:
     return value
 
 
-def _apply_env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+def _apply_env_overrides(raw: dict[str, Any], environ: dict[str, str]) -> dict[tuple[str, ...], str]:
+    """Apply the ``CDCLAKE__<SECTION>__<KEY>`` variables to ``raw``; returns which variable set which key."""
+    origins: dict[tuple[str, ...], str] = {}
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX):
             continue
         parts = name[len(ENV_PREFIX) :].split("__")
         if len(parts) < 2 or not all(parts):
             raise ConfigError(f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
-        section, *path = parts
-        node = raw.setdefault(section.lower(), {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{name}: {section.lower()} is not a section")
-        for key in path[:-1]:
-            node = node.setdefault(key.lower(), {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {key.lower()} is not a section")
+        path = [part.lower() for part in parts]
         # The librdkafka map keeps dotted keys (environment names cannot hold dots); its values are strings.
-        librdkafka = section.lower() == "source" and [key.lower() for key in path[:-1]] == ["consumer"]
-        last = path[-1].lower().replace("_", ".") if librdkafka else path[-1].lower()
-        node[last] = value if librdkafka or SECRET_KEY_PATTERN.search(last) else _env_value(name, value)
-    return raw
+        librdkafka = path[:2] == ["source", "consumer"] and len(path) == 3
+        target = _setting_at(path)
+        if target is not None and target.map_entry and not librdkafka:
+            whole = "__".join(parts[: target.map_depth])
+            raise ConfigError(
+                f"{name}: the keys of {'.'.join(path[: target.map_depth])} (Spark settings, topic names: dotted, mixed "
+                "case) cannot be spelled in a variable name; set its entries as a YAML mapping instead: "
+                f"{ENV_PREFIX}{whole}='{{key: value}}' (they are added to the file's)"
+            )
+        node = raw
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {key} is not a section")
+        last = path[-1].replace("_", ".") if librdkafka else path[-1]
+        if librdkafka or SECRET_KEY_PATTERN.search(last):
+            converted: Any = value  # a secret is never parsed: an error message could show it
+        else:
+            converted = _env_value(name, value, target)
+        if isinstance(converted, dict) and isinstance(node.get(last), dict):
+            converted = {**node[last], **converted}
+        node[last] = converted
+        origins[(*path[:-1], last)] = name
+    return origins
 
 
-def _env_value(name: str, value: str) -> Any:
-    """An override's value: a YAML list or mapping when it starts like one (``[a, b]``), else the text as it is.
+@dataclass(frozen=True)
+class _Target:
+    """What the environment sets: a setting of this type, possibly None, or an entry of a map (spark.conf...)."""
+
+    annotation: Any
+    nullable: bool
+    map_entry: bool
+    map_depth: int  # with map_entry: how many path parts name the map itself
+
+
+def _setting_at(path: list[str]) -> _Target | None:
+    """The setting ``path`` (lowercase keys) names; None for a key the settings do not have (validation says so)."""
+    annotation: Any = Settings
+    nullable = map_entry = False
+    map_depth = 0
+    for depth, key in enumerate(path):
+        annotation, nullable = _without_none(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(key)
+            if field is None:
+                return None
+            annotation = field.annotation
+        elif get_origin(annotation) is dict:
+            annotation = get_args(annotation)[1]
+            if not map_entry:
+                map_entry, map_depth = True, depth
+        else:
+            return None
+    annotation, nullable = _without_none(annotation)
+    return _Target(annotation, nullable, map_entry, map_depth)
+
+
+def _without_none(annotation: Any) -> tuple[Any, bool]:
+    if get_origin(annotation) in (Union, UnionType):
+        members = [member for member in get_args(annotation) if member is not type(None)]
+        if len(members) == 1:
+            return members[0], len(members) < len(get_args(annotation))
+    return annotation, False
+
+
+def _env_value(name: str, value: str, target: _Target | None) -> Any:
+    """An override's value: the text as it is for a text setting (``[::1]:9092``, a regex ``[ab].*``); for a list
+    or mapping setting YAML (``[a, b]``); ``null`` (or nothing) unsets a setting that may be unset (``metrics_port``).
     The error names the variable only: its value may be a secret."""
+    if target is not None and target.annotation in (str, SecretStr):
+        return value
+    if target is not None and target.nullable and value.strip().lower() in ("", "null", "~"):
+        return None
     if value.strip()[:1] not in ("[", "{"):
         return value
     try:
@@ -316,19 +403,25 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
             raise ConfigError(f"{config_file}: the top level must be a mapping")
         raw = _interpolate(loaded, str(config_file), env)
         base_dir = config_file.resolve().parent
-    raw = _apply_env_overrides(raw, env)
+    origins = _apply_env_overrides(raw, env)
     raw["base_dir"] = str(base_dir)
     try:
         return Settings.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '<root>'}: {error['msg']}" for error in exc.errors()
-        )
+        problems = "; ".join(_problem(error["loc"], error["msg"], origins) for error in exc.errors())
         origin = str(config_file) if config_file else "configuration"
         raise ConfigError(f"{origin}: {problems}") from None
 
 
-def _uri_secrets(uri: str) -> list[str]:
+def _problem(loc: tuple[int | str, ...], message: str, origins: dict[tuple[str, ...], str]) -> str:
+    """One validation error, naming the key and, when the environment set it, the variable."""
+    key = tuple(str(part) for part in loc)
+    variable = next((origins[key[:length]] for length in range(len(key), 0, -1) if key[:length] in origins), None)
+    where = ".".join(key) or "<root>"
+    return f"{where} (set by {variable}): {message}" if variable else f"{where}: {message}"
+
+
+def uri_secrets(uri: str) -> list[str]:
     """The password of a URI's user info and the values of its secret-named query parameters (``sslpassword``)."""
     found = []
     user_password = re.search(r"://[^:/@?]*:([^@]+)@", uri)
@@ -345,11 +438,11 @@ def redact(text: str, settings: Settings) -> str:
     URI's password and secret parameters, and Spark settings that hold a secret (or a URL with one)."""
     consumer = settings.source.consumer if settings.source else {}
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
-    secrets += _uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
+    secrets += uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
     for key, value in settings.spark.conf.items():
         # A switch or a number is no secret (spark.security.credentials.hive.enabled: false would hide every "false").
         plain = value.lower() in ("true", "false") or value.isdigit()
-        secrets += [value] if SECRET_KEY_PATTERN.search(key) and not plain else _uri_secrets(value)
+        secrets += [value] if SECRET_KEY_PATTERN.search(key) and not plain else uri_secrets(value)
     # As written, and as the drivers use them (percent-decoded).
     candidates = {form for secret in secrets for form in (secret, unquote(secret))}
     for secret in sorted({s for s in candidates if len(s) >= 4}, key=len, reverse=True):

@@ -11,6 +11,10 @@ class ConfigError(CdclakeError):
     """The configuration is missing, malformed or inconsistent; the message names the key."""
 
 
+class CatalogUnavailableError(CdclakeError):
+    """The Iceberg catalog's database cannot be opened (unreachable, refused, bad credentials)."""
+
+
 class DecodeError(CdclakeError):
     """A record cannot be decoded. Such records go to the dead-letter table with this message as reason."""
 

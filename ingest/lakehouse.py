@@ -14,8 +14,8 @@ from urllib.parse import urlencode
 
 from sqlalchemy.engine import URL, make_url
 
-from ingest.config import SECRET_KEY_PATTERN, Settings
-from ingest.errors import ConfigError, SetupError
+from ingest.config import SECRET_KEY_PATTERN, Settings, redact, uri_secrets
+from ingest.errors import CatalogUnavailableError, ConfigError, SetupError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_DIR_ENV = "CDCLAKE_RUNTIME_DIR"
@@ -61,7 +61,7 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
 def load_catalog(settings: Settings) -> Any:
     """The pyiceberg SQL catalog; it creates the catalog tables on first use (Spark must not: see below)."""
     from pyiceberg.catalog.sql import SqlCatalog
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     properties = catalog_properties(settings)
     for attempt in range(1, 4):
@@ -73,6 +73,12 @@ def load_catalog(settings: Settings) -> Any:
             if attempt == 3:
                 raise
             time.sleep(0.2 * attempt)
+        except OperationalError as exc:
+            # The driver's own words (host unknown, refused, authentication), first line only, secrets removed.
+            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+            raise CatalogUnavailableError(
+                f"lakehouse.catalog_uri: cannot open the Iceberg catalog database: {redact(reason, settings)}"
+            ) from None
     raise AssertionError("unreachable")
 
 
@@ -173,6 +179,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
 
 
 def secret_spark_keys(conf: dict[str, str]) -> set[str]:
-    """The settings that hold a secret: the catalog's JDBC password, and any whose name says so (e.g.
-    ``spark.hadoop.fs.s3a.secret.key``): files cdclake writes reference them (``secret_env_name``), never hold them."""
-    return {key for key in conf if key.endswith(".password") or SECRET_KEY_PATTERN.search(key)}
+    """The settings that hold a secret: the catalog's JDBC password, any whose name says so (e.g.
+    ``spark.hadoop.fs.s3a.secret.key``) and any whose value is a URI with a password in it (the catalog's JDBC URL
+    with ``sslpassword=``): files cdclake writes reference them (``secret_env_name``), never hold them."""
+    return {
+        key
+        for key, value in conf.items()
+        if key.endswith(".password") or SECRET_KEY_PATTERN.search(key) or uri_secrets(value)
+    }

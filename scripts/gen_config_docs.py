@@ -41,7 +41,7 @@ Unknown keys are errors, and every error names the offending key.
 
 **Where the file comes from**, first match wins:
 
-1. `cdclake --config PATH ...`
+1. `cdclake <command> --config PATH` (or `cdclake --config PATH <command>`)
 2. the environment variable `{CONFIG_ENV}` (a path that does not exist is an error)
 3. `./{DEFAULT_CONFIG_NAME}` in the working directory
 4. none: the embedded defaults below apply (a SQLite catalog and a warehouse under `./lakehouse`)
@@ -50,11 +50,16 @@ Relative paths in the file are resolved against the file's folder (without a fil
 
 **Environment overrides.** `{ENV_PREFIX}<SECTION>__<KEY>` sets a key and wins over the file, e.g.
 `{ENV_PREFIX}SOURCE__BOOTSTRAP_SERVERS=kafka:9092` or `{ENV_PREFIX}INGEST__METRICS_PORT=9108`; after the prefix,
-names are case-insensitive. A value starting with `[` or `{{` is read as YAML, so lists and maps can be given whole
-(`{ENV_PREFIX}SOURCE__TOPICS='[a, b]'`; one that is not valid YAML is an error naming the variable, not its value).
+names are case-insensitive. A text key takes the value as written (`[::1]:9092`, a regex like `[ab]server.*`). A
+list or map key reads a value starting with `[` or `{{` as YAML (`{ENV_PREFIX}SOURCE__TOPICS='[a, b]'`; one that is
+not valid YAML is an error naming the variable, not its value); a map's entries are added to the file's. `null`
+(or an empty value) unsets a key whose default is none (`{ENV_PREFIX}INGEST__METRICS_PORT=null`).
 Inside the librdkafka map `source.consumer`, `_` in the key stands for `.`:
 `{ENV_PREFIX}SOURCE__CONSUMER__SASL_PASSWORD` sets `sasl.password`; its values, and those of any key that names a
-secret (password, secret, token, ...), are taken as written, whatever they start with.
+secret (password, secret, token, ...), are taken as written, whatever they start with. The keys of the other maps
+(`spark.conf`'s Spark settings, `ingest.table_mapping`'s topic names) hold dots and capitals no variable name can
+spell: set those maps as YAML (`{ENV_PREFIX}SPARK__CONF='{{spark.sql.shuffle.partitions: "8"}}'`); a variable for one
+of their entries is an error. An error in a value set from the environment names the variable.
 
 **`${{VAR}}` references.** Any string value in the file may contain `${{VAR}}`; it is replaced by that environment
 variable when the file is loaded (values of overrides are taken as they are), and an unset variable is an error.
@@ -72,7 +77,8 @@ source:
 by `cdclake`, and the catalog password and any consumer setting named like a password, secret, token, credential
 or private key are removed from log and error messages. The dbt profile that `cdclake dbt` writes does not contain
 the catalog password but refers to it as `env_var('{PASSWORD_ENV}')`, and any other Spark setting named like a
-secret (`spark.hadoop.fs.s3a.secret.key`) as `env_var('CDCLAKE_SECRET_<SETTING>')`
+secret (`spark.hadoop.fs.s3a.secret.key`), or whose value is a URI with a password in it (the catalog's JDBC URL
+with `sslpassword=`), as `env_var('CDCLAKE_SECRET_<SETTING>')`
 (`CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY`), which `cdclake dbt` sets (`cdclake dbt-profile` names them, for
 plain `dbt`); the file is readable by its owner only. A password inside a URI must be percent-encoded if it
 contains `@ : / ? #`.

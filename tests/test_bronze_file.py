@@ -486,3 +486,32 @@ def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: 
     table.append(table.scan(row_filter="op = 'c'", limit=1).to_arrow())  # another writer: no count
     assert truncates_total(load_catalog(settings).load_table(f"bronze.{topic.table}")) is None
     assert land([Change("u", 3, 8, "c3")]) is None
+
+
+@pytest.mark.parametrize(
+    ("source", "followed"),
+    [
+        ({}, {"dbserver1.transaction", "dbserver1.inventory.customers", "dbserver1.inventory.typed_values"}),
+        ({"topics": ["dbserver1.inventory.customers"]}, {"dbserver1.inventory.customers"}),
+        (
+            {"topic_pattern": r"dbserver1\.inventory\..*"},
+            {"dbserver1.inventory.customers", "dbserver1.inventory.typed_values"},
+        ),
+        ({"topic_pattern": r"inventory"}, set()),  # anchored at the name's start, as the Kafka source subscribes
+    ],
+)
+def test_a_file_source_reads_the_topics_the_configuration_follows(
+    lakehouse: Path, source: dict[str, Any], followed: set[str]
+) -> None:
+    """source.topics / source.topic_pattern select from a dump as from a cluster (they used to be ignored)."""
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    settings = make_settings(lakehouse, source={"type": "file", "path": str(PG_DUMP), **source})
+    pipeline = build_pipeline(settings)
+    pipeline.source.start(lambda topic, partition: None)
+    read: Counter[str] = Counter()
+    while batch := pipeline.source.poll(10, 0.0):
+        read.update(record.topic for record in batch)
+    pipeline.source.close()
+    expected = {topic: count for topic, count in topic_counts(PG_DUMP).items() if topic in followed}
+    assert dict(read) == expected

@@ -165,6 +165,42 @@ def test_env_values_that_look_like_yaml(tmp_path: Path) -> None:
     assert "S3cr3t" not in str(failure.value)
 
 
+def test_env_values_take_the_type_of_their_key(tmp_path: Path) -> None:
+    """A text key takes the value as written even when it starts like YAML (an IPv6 broker, a regex with a
+    character class); `null` unsets a key that may be unset; a map set as YAML adds to the file's entries; a
+    variable for one entry of a map whose keys no variable name can spell is an error naming the map."""
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\nspark:\n  conf:\n    spark.ui.enabled: 'false'\n")
+    env = {
+        "CDCLAKE__SOURCE__BOOTSTRAP_SERVERS": "[::1]:9092",
+        "CDCLAKE__SOURCE__TOPICS": "[]",
+        "CDCLAKE__SOURCE__TOPIC_PATTERN": "[ab]server1\\..*",
+        "CDCLAKE__INGEST__METRICS_PORT": "null",
+        "CDCLAKE__MAINTENANCE__SILVER__DELETE_FILE_THRESHOLD": "",
+        "CDCLAKE__SPARK__CONF": "{spark.sql.shuffle.partitions: '8'}",
+    }
+    settings = load_settings(path, environ=env)
+    source = settings.require_source()
+    assert (source.bootstrap_servers, source.topic_pattern) == ("[::1]:9092", "[ab]server1\\..*")
+    assert settings.ingest.metrics_port is None
+    assert settings.maintenance.silver.delete_file_threshold is None
+    assert settings.spark.conf == {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8"}
+    assert load_settings(path, environ={"CDCLAKE__SOURCE__TOPIC_PATTERN": "[a-c]", "CDCLAKE__SOURCE__TOPICS": "[]"})
+    for name in ("CDCLAKE__SPARK__CONF__SPARK_SQL_SHUFFLE_PARTITIONS", "CDCLAKE__INGEST__TABLE_MAPPING__DB_T"):
+        with pytest.raises(ConfigError, match=rf"^{name}: the keys of (spark\.conf|ingest\.table_mapping) .*YAML"):
+            load_settings(path, environ={name: "x"})
+
+
+def test_errors_in_env_values_name_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "ingest:\n  max_records: 1000\n")
+    with pytest.raises(ConfigError, match=r"ingest\.max_records \(set by CDCLAKE__INGEST__MAX_RECORDS\): Input should"):
+        load_settings(path, environ={"CDCLAKE__INGEST__MAX_RECORDS": "0"})
+    with pytest.raises(ConfigError, match=r"ingest\.max_record \(set by CDCLAKE__INGEST__MAX_RECORD\): Extra inputs"):
+        load_settings(path, environ={"CDCLAKE__INGEST__MAX_RECORD": "5"})
+    with pytest.raises(ConfigError, match=r"ingest\.max_records: Input should be greater") as failure:
+        load_settings(write(tmp_path, "ingest:\n  max_records: 0\n"), environ={})
+    assert "set by" not in str(failure.value)
+
+
 def test_env_names_are_case_insensitive_for_librdkafka_settings_too(tmp_path: Path) -> None:
     path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n")
     env = {"CDCLAKE__source__consumer__sasl_username": "u", "CDCLAKE__SOURCE__Consumer__Security_Protocol": "SSL"}
@@ -205,17 +241,18 @@ def test_the_dbt_profile_references_every_secret(tmp_path: Path, monkeypatch: py
 
     text = """
 lakehouse:
-  catalog_uri: postgresql+psycopg2://iceberg:pg-secret-1@db:5432/iceberg
+  catalog_uri: postgresql+psycopg2://iceberg:pg-secret-1@db:5432/iceberg?sslmode=verify-full&sslpassword=key-secret-3
 spark:
   conf:
     spark.hadoop.fs.s3a.access.key: AKIAEXAMPLE
     spark.hadoop.fs.s3a.secret.key: s3-secret-2
+    spark.sql.catalog.other.uri: jdbc:postgresql://db2/cat?user=u&password=other-secret-4
 """
     settings = load_settings(write(tmp_path, text), environ={})
     monkeypatch.setattr(dbt_runner, "profiles_dir", lambda: tmp_path / "dbt")
     written = dbt_runner.write_profile(settings).read_text()
-    assert "pg-secret-1" not in written
-    assert "s3-secret-2" not in written
+    for secret in ("pg-secret-1", "s3-secret-2", "key-secret-3", "other-secret-4"):
+        assert secret not in written
     parameters = yaml.safe_load(written)["cdclake"]["outputs"]["session"]["server_side_parameters"]
     assert parameters["spark.sql.catalog.lake.jdbc.password"] == "{{ env_var('CDCLAKE_CATALOG_PASSWORD') }}"
     secret = "{{ env_var('CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY') }}"
@@ -225,3 +262,55 @@ spark:
     environment = dbt_runner.dbt_environment(settings)
     assert environment["CDCLAKE_CATALOG_PASSWORD"] == "pg-secret-1"
     assert environment["CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY"] == "s3-secret-2"
+    # A URL with a secret in its query is referenced whole: the catalog's JDBC URL (sslpassword), any other.
+    assert parameters["spark.sql.catalog.lake.uri"] == "{{ env_var('CDCLAKE_SECRET_SPARK_SQL_CATALOG_LAKE_URI') }}"
+    assert "sslpassword=key-secret-3" in environment["CDCLAKE_SECRET_SPARK_SQL_CATALOG_LAKE_URI"]
+    assert environment["CDCLAKE_SECRET_SPARK_SQL_CATALOG_OTHER_URI"].endswith("password=other-secret-4")
+
+
+def test_bad_values_fail_at_load_naming_the_key(tmp_path: Path) -> None:
+    """A catalog URI that does not parse (a port that is not a number) and a dbt target the profile does not have
+    fail when the file loads, naming the key (and never showing the URI, which holds a password)."""
+    text = "lakehouse:\n  catalog_uri: postgresql+psycopg2://u:pw-S3cret@db:54x32/iceberg\ndbt:\n  target: prod\n"
+    with pytest.raises(ConfigError) as failure:
+        load_settings(write(tmp_path, text), environ={})
+    message = str(failure.value)
+    assert "lakehouse.catalog_uri: Value error, not a valid SQLAlchemy URI" in message
+    assert "dbt.target: Input should be 'session' or 'cluster'" in message
+    assert "pw-S3cret" not in message
+
+
+def test_an_unreachable_catalog_database_is_a_named_error(tmp_path: Path) -> None:
+    """What the driver says, first line, without the password; not a traceback."""
+    from ingest.broker import free_port
+    from ingest.errors import CatalogUnavailableError
+    from ingest.lakehouse import load_catalog
+
+    uri = f"postgresql+psycopg2://iceberg:pw-S3cret@127.0.0.1:{free_port()}/iceberg"
+    settings = load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{uri}'\n"), environ={})
+    with pytest.raises(CatalogUnavailableError, match=r"^lakehouse\.catalog_uri: cannot open the Iceberg catalog") as e:
+        load_catalog(settings)
+    assert "refused" in str(e.value)
+    assert "pw-S3cret" not in str(e.value)
+
+
+def test_config_can_follow_the_subcommand(tmp_path: Path) -> None:
+    """`cdclake ingest --config FILE` (the issue's form) as well as `cdclake --config FILE ingest`, for every
+    subcommand that reads the configuration; after the subcommand it wins."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+
+    bad = write(tmp_path, "ingest:\n  max_recordz: 5\n")
+    other = tmp_path / "other.yml"
+    other.write_text("ingest:\n  max_records: 5\n")
+    runner = CliRunner()
+    for command in ("ingest", "status", "scaffold", "maintain", "sql", "dbt-profile", "dbt"):
+        result = runner.invoke(cli, [command, "--config", str(bad)], env={"CDCLAKE_CONFIG": str(other)})
+        assert isinstance(result.exception, ConfigError), (command, result.output)
+        assert str(result.exception) == f"{bad}: ingest.max_recordz: Extra inputs are not permitted"
+        result = runner.invoke(cli, ["--config", str(other), command, "--config", str(bad)])
+        assert str(result.exception).startswith(f"{bad}: "), (command, result.output)
+    result = runner.invoke(cli, ["--log-level", "verbose", "status"])
+    assert result.exit_code == 2
+    assert "'verbose' is not one of" in result.output

@@ -165,6 +165,8 @@ def test_secrets_never_reach_logs_errors_status_or_metrics(
     for where, text in shown.items():
         assert_no_secret(where, text)
     assert "error" in shown["status, catalog unreachable"].lower()
+    assert "cannot open the Iceberg catalog database" in shown["status, catalog unreachable"]
+    assert "Traceback" not in shown["status, catalog unreachable"]
 
 
 def test_hostile_topic_names_become_plain_identifiers() -> None:

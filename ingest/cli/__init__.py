@@ -8,6 +8,7 @@ import sys
 import click
 
 from ingest import __version__
+from ingest.cli.common import CONFIG_HELP
 from ingest.errors import CdclakeError
 
 
@@ -18,9 +19,14 @@ from ingest.errors import CdclakeError
     "config_path",
     type=click.Path(dir_okay=False),
     envvar="CDCLAKE_CONFIG",
-    help="cdclake.yml to use (default: $CDCLAKE_CONFIG, then ./cdclake.yml, then embedded defaults).",
+    help=CONFIG_HELP,
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", show_default=True)
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, log_level: str, log_format: str) -> None:

@@ -1,10 +1,36 @@
-"""Shared by the subcommands: load settings once per invocation."""
+"""Shared by the subcommands: the --config option, and the settings loaded once per invocation."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import click
 
 from ingest.config import Settings, load_settings
+
+F = TypeVar("F", bound=Callable[..., object])
+CONFIG_HELP = "cdclake.yml to use (default: $CDCLAKE_CONFIG, then ./cdclake.yml, then embedded defaults)."
+
+
+def config_option(command: F) -> F:
+    """``--config FILE`` after the subcommand too (``cdclake ingest --config FILE``), as before it
+    (``cdclake --config FILE ingest``); given in both places, the subcommand's wins."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            root = ctx.find_root()
+            if root.obj is None:
+                root.obj = {}
+            root.obj["config_path"] = value
+
+    return click.option(
+        "--config",
+        type=click.Path(dir_okay=False),
+        expose_value=False,
+        callback=remember,
+        help=CONFIG_HELP,
+    )(command)
 
 
 def settings_from(ctx: click.Context) -> Settings:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@config_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
@@ -18,6 +19,7 @@ def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
 
 
 @click.command("dbt-profile")
+@config_option
 @click.pass_context
 def dbt_profile(ctx: click.Context) -> int:
     """Write the dbt profile (for plain `dbt ... --profiles-dir`) and print where it is."""

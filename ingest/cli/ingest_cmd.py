@@ -9,7 +9,7 @@ from types import FrameType
 
 import click
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 from ingest.config import Settings, redact
 from ingest.pipeline import IngestStats, Pipeline
 from ingest.sources.base import Source
@@ -30,7 +30,9 @@ def build_pipeline(settings: Settings) -> Pipeline:
         from ingest.sources.file import FileSource
 
         assert source_settings.path is not None
-        source = FileSource(settings.resolve(source_settings.path))
+        source = FileSource(
+            settings.resolve(source_settings.path), source_settings.topics, source_settings.topic_pattern
+        )
         return Pipeline(settings.ingest, tables, source, metrics)
     from ingest.sources.kafka import KafkaSource
 
@@ -45,6 +47,7 @@ def build_pipeline(settings: Settings) -> Pipeline:
 
 
 @click.command()
+@config_option
 @click.option("--once", is_flag=True, help="Drain what is available, commit, and exit (for schedulers).")
 @click.option("--progress/--no-progress", default=None, help="Live progress line (default: on a terminal).")
 @click.pass_context

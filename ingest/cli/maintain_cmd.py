@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 from ingest.config import MaintenanceSettings, redact
 from ingest.maintenance import (
     LAYERS,
@@ -51,6 +51,7 @@ def _override(config: MaintenanceSettings, layers: tuple[Layer, ...], **changes:
 
 
 @click.command()
+@config_option
 @click.option(
     "--layer",
     type=click.Choice(["bronze", "silver", "all"]),

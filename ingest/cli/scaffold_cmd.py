@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 
 
 @click.command()
+@config_option
 @click.option("--select", "select", default=None, help="Only bronze tables matching this glob pattern.")
 @click.option(
     "--history",

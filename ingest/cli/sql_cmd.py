@@ -23,7 +23,7 @@ from typing import Any, TextIO
 import click
 import orjson
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 from ingest.config import Settings, redact
 from ingest.maintenance import spark_error_line
 
@@ -356,6 +356,7 @@ def _history(path: Path) -> Iterator[None]:
 
 
 @click.command()
+@config_option
 @click.argument("query", required=False)
 @click.option(
     "--format",

@@ -12,7 +12,7 @@ import click
 import orjson
 from rich.console import Console
 
-from ingest.cli.common import settings_from
+from ingest.cli.common import config_option, settings_from
 from ingest.config import redact
 from ingest.status import (
     DEFAULT_STALE_AFTER_S,
@@ -28,6 +28,7 @@ STALE_EXIT_CODE = 3
 
 
 @click.command()
+@config_option
 @click.argument("tables", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts and monitoring).")
 @click.option(

@@ -1,6 +1,7 @@
 """Topic dumps in the JSON-lines format of ``kcat -C -J``: for replays, backfills and tests.
 
-Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone. As
+Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone. Only
+the topics the configuration follows are read (all, unless source.topics or source.topic_pattern say). As
 from Kafka, offsets increase within a partition: a record at or below an offset read before is skipped (logged).
 A Kafka key or value may be any bytes: kcat writes bytes that are not UTF-8 into the JSON string as they are, and
 they are read back as the same bytes (so such a record reaches the decoder, and the dead-letter table, unchanged).
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -72,10 +74,20 @@ def parse_line(line: bytes, where: str) -> RawRecord:
 
 
 class FileSource:
-    def __init__(self, path: str | Path) -> None:
+    """Reads a dump: every topic in it, or, as the Kafka source follows them, ``topics`` or those whose name
+    ``topic_pattern`` matches from its start (source.topics / source.topic_pattern)."""
+
+    def __init__(self, path: str | Path, topics: Collection[str] = (), topic_pattern: str | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError(f"source.path {self.path}: file not found")
+        self._topics = frozenset(topics)
+        # As librdkafka subscribes: a pattern is anchored at the name's start.
+        self._pattern = None
+        if topic_pattern:
+            self._pattern = re.compile(topic_pattern if topic_pattern.startswith("^") else "^" + topic_pattern)
+        self._selected: dict[str, bool] = {}
+        self.unselected = 0  # records of topics not followed
         self._handle: IO[bytes] | None = None
         self._lines: Iterator[tuple[int, bytes]] = iter(())
         self._resolve: OffsetResolver | None = None
@@ -115,6 +127,16 @@ class FileSource:
         start = self._positions[tp]
         return start is None or record.offset >= start
 
+    def _follows(self, topic: str) -> bool:
+        selected = self._selected.get(topic)
+        if selected is None:
+            if self._pattern is not None:
+                selected = self._pattern.search(topic) is not None
+            else:
+                selected = not self._topics or topic in self._topics
+            self._selected[topic] = selected
+        return selected
+
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         batch: list[RawRecord] = []
         for number, line in self._lines:
@@ -122,6 +144,9 @@ class FileSource:
                 continue
             where = f"{self.path}:{number}"
             record = parse_line(line, where)
+            if not self._follows(record.topic):
+                self.unselected += 1
+                continue
             if self._wanted(record, where):
                 batch.append(record)
                 if len(batch) >= max_records:
@@ -147,6 +172,14 @@ class FileSource:
                     "%s: skipped %d record(s) whose offsets did not increase within their partition",
                     self.path,
                     self.repeated,
+                )
+            if self.unselected:
+                skipped = sorted(topic for topic, selected in self._selected.items() if not selected)
+                log.info(
+                    "%s: left out %d record(s) of topic(s) not followed (source.topics / source.topic_pattern): %s",
+                    self.path,
+                    self.unselected,
+                    ", ".join(skipped[:6]) + (f" and {len(skipped) - 6} more" if len(skipped) > 6 else ""),
                 )
             self._handle.close()
             self._handle = None
