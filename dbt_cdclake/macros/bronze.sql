@@ -188,10 +188,17 @@
       {% do exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
     {%- else -%}
       {%- set parts = [cdclake.json_key_expr(key)] if 'key' in types and not types['key'].startswith('struct') else [] -%}
+      {%- set images = {} -%}
       {%- for image, fields in image_fields.items() -%}
-        {%- if fields is none %}{% do parts.append(cdclake.json_key_expr(key, image)) %}
-        {%- elif key | lower in fields %}{% do parts.append(image ~ '.' ~ cdclake.quote(key)) %}{% endif -%}
+        {%- if fields is none %}{% do images.update({image: cdclake.json_key_expr(key, image)}) %}
+        {%- elif key | lower in fields %}{% do images.update({image: image ~ '.' ~ cdclake.quote(key)}) %}{% endif -%}
       {%- endfor -%}
+      {#- The image the change has: `after`, or `before` for a delete (never an update's old key). -#}
+      {%- if images | length == 2 -%}
+        {% do parts.append('case when after is null then ' ~ images['before'] ~ ' else ' ~ images['after'] ~ ' end') %}
+      {%- elif images -%}
+        {% do parts.append(images.values() | first) %}
+      {%- endif -%}
       {%- if not parts -%}
         {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': key column '" ~ key ~ "' is neither a field of the Kafka key nor of the change images (after/before) in " ~ bronze) }}
       {%- endif -%}

@@ -27,9 +27,12 @@
 
 
 {#- A get_json_object path reaching key `k` of the document wrapped in [ ]; null when Spark's path syntax cannot
-    name the key (a quote together with a dot or bracket, an empty key, a leading *). -#}
+    name the key: its parser takes ['name'] only without a quote or a question mark (['*'] is a wildcard), .name
+    only without a dot or bracket, and skips leading whitespace in both (' b' would read key 'b'). Null: the fold
+    fails (json_member), never a silently wrong member. -#}
 {% macro json_key_path(k) -%}
-  case when {{ k }} <> '' and instr({{ k }}, chr(39)) = 0 then concat('$[*][', chr(39), {{ k }}, chr(39), ']')
+  case when {{ k }} rlike '^\\s' then null
+    when {{ k }} not in ('', '*') and instr({{ k }}, chr(39)) = 0 and instr({{ k }}, '?') = 0 then concat('$[*][', chr(39), {{ k }}, chr(39), ']')
     when {{ k }} rlike '^[^.\\[*][^.\\[]*$' then concat('$[*].', {{ k }}) end
 {%- endmacro %}
 

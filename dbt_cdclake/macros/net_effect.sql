@@ -37,8 +37,9 @@
   The winners of a unit of work: one row per key, the latest change. Tombstone records (op null) carry nothing
   for silver: the delete event before them already says it all. Truncates are handled by the materialization.
   With `layout.keep_deleted_images` (soft deletes), a winning delete carries the image (and extracted columns) of
-  its key's latest change that is not a delete, and `_cdc_has_image` says whether the input held one: a
-  soft-deleted row keeps the values its key had, however the changes were split into units of work.
+  its key's latest change that is not a delete, `_cdc_has_image` says whether the input held one and
+  `_cdc_prior_position` where that change is: a soft-deleted row keeps the values its key had, however the changes
+  were split into units of work (the materialization keeps silver's row where it is newer: a late change).
 -#}
 {% macro net_effect_sql(input_sql, layout) -%}
   {{ return(adapter.dispatch('net_effect_sql', 'cdclake')(input_sql, layout)) }}
@@ -71,7 +72,7 @@ ranked as (
     row_number() over ({{ partition }}) as _cdc_rank
     {%- if keep %},
     first_value(case when _cdc_op <> 'd' and _cdc_image is not null then named_struct('image', _cdc_image
-      {%- for column in layout.extra_columns %}, 'x{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}) end, true)
+      {%- for column in layout.extra_columns %}, 'x{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}, 'p', {{ cdclake.position('changes') }}) end, true)
       over ({{ partition }} rows between unbounded preceding and unbounded following) as _cdc_prior
     {%- endif %}
   from changes
@@ -87,6 +88,7 @@ select
   {%- endfor %}
   case when _cdc_op = 'd' then _cdc_prior.image else _cdc_image end as _cdc_image,
   _cdc_op <> 'd' or _cdc_prior is not null as _cdc_has_image,
+  _cdc_prior.p as _cdc_prior_position,
   _cdc_rank
 from ranked where _cdc_rank = 1
 {%- else %}

@@ -509,7 +509,8 @@
   the tombstones one row per key: two overlapping runs of the model that apply the same delete can both add its
   tombstone, and a joined duplicate would duplicate the key's batch row (a second silver row, a failed MERGE);
   their positions only for keys with changes at or below `applied_position` (none, usually: adaptive execution
-  then skips the scan); silver's other columns only for soft deletes, which keep the row's values.
+  then skips the scan); silver's other columns only for soft deletes, which keep the values of the key's latest
+  change before the delete: the unit's, or silver's row when the unit has none newer than it (a late change).
   A table, not a cached view: the statements after it change silver and the tombstones, which a view over them
   would follow, and its size is known when the DELETE broadcasts it. `broadcast`: the input is one incremental
   unit (not a re-read of all of bronze).
@@ -537,7 +538,7 @@
     s.{{ cdclake.quote(key) }},
     {%- endfor %}
     {%- for column in columns if column not in keys %}
-    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and not s._cdc_has_image and t._cdc_found then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
+    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= {{ cdclake.position('t') }}) then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
     {%- endfor %}
     s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at
     {%- if delete_mode == 'soft' %},
@@ -545,7 +546,7 @@
     {%- else %},
     bx._cdc_found is not null as _cdc_has_tombstone
     {%- endif %}
-  from (select {{ cdclake.silver_select(layout, 'w') }}{% if delete_mode == 'soft' %}, w._cdc_has_image{% endif %} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
+  from (select {{ cdclake.silver_select(layout, 'w') }}{% if delete_mode == 'soft' %}, w._cdc_has_image, w._cdc_prior_position{% endif %} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
   left join (
     select {{ hint }} {% for key in keys %}t.{{ cdclake.quote(key) }}, {% endfor %}t._cdc_order, t._cdc_op, t._cdc_offset,
       {%- if delete_mode == 'soft' %}{% for column in columns if column not in keys %} t.{{ cdclake.quote(column) }},{% endfor %}{% endif %} true as _cdc_found
