@@ -531,6 +531,9 @@ class Pipeline:
                 self._skip("heartbeat")
                 return
             row = self._builder.build(record, envelope, ingested_at)
+            layout = self._layouts.get(name)
+            if envelope.kind is RecordKind.TOMBSTONE and layout is not None and layout != row.layout.value:
+                row = self._builder.tombstone_row(record, envelope, ingested_at, Layout(layout))
             self._check_schema(name, row.schema, row.layout)
         except DecodeError as error:
             if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":

@@ -103,7 +103,9 @@ def write_dump(path: Path, records: list[tuple[str, int, Any, Any]], partitions:
     return path
 
 
-def schema_record(fields: list[dict[str, Any]], after: dict[str, Any], lsn: int, op: str = "c") -> dict[str, Any]:
+def schema_record(
+    fields: list[dict[str, Any]], after: dict[str, Any] | None, lsn: int, op: str = "c"
+) -> dict[str, Any]:
     row_schema = {"type": "struct", "optional": True, "fields": fields, "name": "p.s.t.Value"}
     return {
         "schema": {
@@ -515,3 +517,37 @@ def test_a_file_source_reads_the_topics_the_configuration_follows(
     pipeline.source.close()
     expected = {topic: count for topic, count in topic_counts(PG_DUMP).items() if topic in followed}
     assert dict(read) == expected
+
+
+@pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
+@pytest.mark.parametrize("max_records", [1, 10])  # a tombstone in the table's first commit, and after it
+def test_a_tombstone_takes_its_tables_layout(
+    lakehouse: Path, tmp_path: Path, typed_values: bool, max_records: int
+) -> None:
+    """Keys and values converted differently (key.converter.schemas.enable=false with the value converter's true,
+    or the reverse): a delete's tombstone, which has a key only, lands in its table's layout instead of becoming a
+    dead letter (its own layout would follow its key)."""
+    settings = make_settings(lakehouse)
+
+    def value(after: dict[str, Any] | None, lsn: int, op: str) -> dict[str, Any]:
+        record = schema_record([ID, NAME], after, lsn, op)
+        return record if typed_values else record["payload"]
+
+    typed_key: dict[str, Any] = {"schema": {"type": "struct", "fields": [ID]}, "payload": key(1)}
+    record_key = key(1) if typed_values else typed_key
+    dump = write_dump(
+        tmp_path / "tombstone.jsonl",
+        [
+            ("p.s.t", 0, record_key, value({"id": 1, "name": "a"}, 10, "c")),
+            ("p.s.t", 1, record_key, value(None, 11, "d")),
+            ("p.s.t", 2, record_key, None),
+        ],
+    )
+    pipeline = ingest_file(settings, dump, max_records=max_records)
+    assert pipeline.stats.dead_letters == 0
+    landed = sorted(rows(settings, "p_s_t"), key=lambda row: row["_cdc_offset"])
+    assert [(row["_cdc_offset"], row["op"], row["_cdc_key_json"]) for row in landed] == [
+        (0, "c", '{"id":1}'),
+        (1, "d", '{"id":1}'),
+        (2, None, '{"id":1}'),
+    ]

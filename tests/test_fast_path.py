@@ -425,7 +425,11 @@ COLUMNS: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "i8": ({"type": "int8"}, st.integers(-128, 127), st.sampled_from([128, -129, 1.0, True, "1"])),
     "i32": ({"type": "int32"}, st.integers(-(2**31), 2**31 - 1), st.sampled_from([2**31, 1.5, "x", False])),
     "i64": ({"type": "int64"}, st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**63, 2**64 - 1, 1e3, None])),
-    "f32": ({"type": "float"}, st.floats(allow_nan=False, allow_infinity=False), st.sampled_from(["NaN", True, 0])),
+    "f32": (
+        {"type": "float"},
+        st.floats(allow_nan=False, allow_infinity=False, width=32),
+        st.sampled_from(["NaN", True, 0, 1e300, -3.5e38]),  # beyond float32: dead letters, not inf
+    ),
     "f64": (
         {"type": "double"},
         st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**60), 2**60),
@@ -455,7 +459,14 @@ COLUMNS: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "vsd": (
         {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
         st.builds(lambda s, v: {"scale": s, "value": b64(v)}, st.integers(0, 12), st.integers(-(10**20), 10**20)),
-        st.sampled_from([{"scale": 1}, {"scale": "1", "value": "AQ=="}, {"scale": 1, "value": "AQ==", "x": 1}]),
+        st.sampled_from(
+            [
+                {"scale": 1},
+                {"scale": "1", "value": "AQ=="},
+                {"scale": 1, "value": "AQ==", "x": 1},
+                {"scale": -100, "value": "AQ=="},  # 1E+100: used to stop the ingester
+            ]
+        ),
     ),
     "day": (
         {"type": "int32", "name": "io.debezium.time.Date"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import json
 from typing import Any
 
 import pyarrow as pa
@@ -152,10 +153,25 @@ DECIMAL_20_2 = {
 @pytest.mark.parametrize(
     ("schema", "raw", "message"),
     [
-        # decimal.format=NUMERIC: orjson reads 12345678901234567.89 as a double, whose digits are already rounded
-        (DECIMAL_20_2, 12345678901234567.89, "as an exact JSON number (at most 15 digits)"),
-        (DECIMAL_20_2, 9007199254740993.01, "as an exact JSON number (at most 15 digits)"),
-        (DECIMAL_20_2, 1e100, "out of range"),  # used to raise decimal.InvalidOperation: the ingester stopped
+        # decimal.format=NUMERIC: orjson reads a fraction as a double, whose digits may be rounded already; the
+        # record is read again exactly (test_numeric_decimal_format_is_read_exactly)
+        (DECIMAL_20_2, 12.5, "a decimal written as a JSON number with a fraction"),
+        (DECIMAL_20_2, decimal.Decimal("1E+100"), "out of range"),  # used to raise InvalidOperation: ingest stopped
+        (DECIMAL_20_2, decimal.Decimal("NaN"), "expected decimal(20,2)"),
+        # VariableScaleDecimal (Oracle's NUMBER reaches 1E+125): used to raise InvalidOperation, stopping ingest
+        (
+            {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+            {"scale": -100, "value": "AQ=="},
+            "out of range",
+        ),
+        (
+            {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
+            {"scale": 2**40, "value": "AQ=="},
+            "out of range",
+        ),
+        # a float32 beyond its range used to be stored as inf
+        ({"type": "float"}, 1e300, "a float32 (at most 3.4028235e38 in magnitude)"),
+        ({"type": "float32"}, -3.5e38, "a float32"),
         (DECIMAL_20_2, "", "base64 of at least one byte"),  # zero bytes used to read as 0.00
         (
             {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
@@ -191,11 +207,53 @@ def test_a_negative_scale_decimal_is_an_integer_column() -> None:
     pa.array([converter(schema)(dec_bytes(5), "c")], type=arrow_type(schema))
 
 
-def test_numeric_decimal_format_is_accepted_exactly() -> None:
-    schema = {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2"}}
-    assert converter(schema)(12.5, "c") == decimal.Decimal("12.50")
-    with pytest.raises(DecodeError):
-        converter(schema)(12.555, "c")
+def test_numeric_decimal_format_is_read_exactly() -> None:
+    """decimal.format=NUMERIC writes decimals as JSON numbers: each digit lands (1.000000000000000001 used to read
+    as the double 1.0 and land as 1.000000000000000000); one that does not fit the scale is a dead letter; a
+    double column of the same record still reads as a double; float32 and double keep their ranges."""
+    from ingest.bronze.rows import RowBuilder
+    from ingest.debezium.envelope import RawRecord, decode
+
+    def field(name: str, scale: int, precision: int) -> dict[str, Any]:
+        parameters = {"scale": str(scale), "connect.decimal.precision": str(precision)}
+        return {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": parameters,
+            "field": name,
+        }
+
+    lsn = {"type": "int64", "field": "lsn"}
+    row_schema = {
+        "type": "struct",
+        "optional": True,
+        "fields": [field("exact", 18, 20), field("money", 2, 24), {"type": "double", "field": "ratio"}],
+    }
+    schema = {
+        "type": "struct",
+        "fields": [
+            {**row_schema, "field": "before"},
+            {**row_schema, "field": "after"},
+            {"type": "struct", "field": "source", "fields": [{"type": "string", "field": "connector"}, lsn]},
+            {"type": "string", "field": "op"},
+        ],
+    }
+
+    def build(after: str) -> dict[str, Any]:
+        source = '{"connector": "postgresql", "lsn": 1}'
+        value = f'{{"schema": {json.dumps(schema)}, "payload": {{"after": {after}, "source": {source}, "op": "c"}}}}'
+        record = RawRecord("t", 0, 0, None, None, value.encode())
+        return RowBuilder().build(record, decode(record), dt.datetime.now(dt.UTC)).row
+
+    row = build('{"exact": 1.000000000000000001, "money": 100000000000000000001, "ratio": 0.30000000000000001}')
+    assert row["after"] == {
+        "exact": decimal.Decimal("1.000000000000000001"),
+        "money": decimal.Decimal("100000000000000000001.00"),
+        "ratio": 0.3,
+    }
+    assert build('{"exact": 12.5, "money": 7, "ratio": 1}')["after"]["exact"] == decimal.Decimal("12.5")
+    with pytest.raises(DecodeError, match=r"value\.after\.money: expected decimal\(24,2\)"):
+        build('{"exact": 1, "money": 12.555, "ratio": 1}')
 
 
 def test_wide_decimals_are_exact_not_rounded() -> None:

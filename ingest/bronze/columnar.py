@@ -124,11 +124,16 @@ class _Same(Node):
 class _Float(Node):
     raw = storage = pa.float64()
 
+    def __init__(self, single: bool = False) -> None:
+        self.single = single  # a float32 column: a finite double beyond its range is the reference's to reject
+
     def convert(self, array: Any) -> tuple[Any, Mask]:
         if array.null_count == len(array):
             return array, None
         # NaN/Infinity literals parse here but not in orjson; "-0" is the int 0 for orjson but -0.0 here.
         bad = _flag(pc.invert(pc.is_finite(array)))
+        if self.single:
+            bad = _or(bad, _flag(pc.greater(pc.abs(array), connect.FLOAT32_MAX)))
         zero = pc.equal(array, 0.0)
         if pc.any(zero).as_py():
             bad = _or(bad, _flag(pc.and_(zero, pc.less(array.view(pa.int64()), 0))))
@@ -416,7 +421,9 @@ def node_for(schema: Any, variable_scale: int, depth: int = 0) -> Node:
         return _Zoned()
     if kind in _INT_RAW:
         return _Same(_INT_RAW[kind], _INT_STORAGE[kind])
-    if kind in ("float", "double", "float32", "float64"):
+    if kind in ("float", "float32"):
+        return _Float(single=True)
+    if kind in ("double", "float64"):
         return _Float()
     if kind == "boolean":
         return _Same(pa.bool_(), pa.bool_())

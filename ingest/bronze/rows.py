@@ -8,7 +8,9 @@ Bronze keeps the full envelope. With schemas, the Connect schema gives every col
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,15 @@ import orjson
 import pyarrow as pa
 
 from ingest.debezium.envelope import Envelope, RawRecord, RecordKind
-from ingest.debezium.types import Converter, arrow_type, converter, json_text, struct_converter, struct_fields
+from ingest.debezium.types import (
+    Converter,
+    InexactNumberError,
+    arrow_type,
+    converter,
+    json_text,
+    struct_converter,
+    struct_fields,
+)
 from ingest.errors import DecodeError
 
 
@@ -123,18 +133,7 @@ class RowBuilder:
         return compiled
 
     def build(self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime) -> BronzeRow:
-        kafka_ts = (
-            None
-            if record.timestamp_ms is None or record.timestamp_ms < 0
-            else dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC)
-        )
-        row: dict[str, Any] = {
-            "_cdc_topic": record.topic,
-            "_cdc_partition": record.partition,
-            "_cdc_offset": record.offset,
-            "_cdc_kafka_ts": kafka_ts,
-            "_cdc_ingested_at": ingested_at,
-        }
+        row = _coordinates(record, ingested_at)
         is_change = envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE)
         if is_change:
             row["_cdc_order"] = envelope.ordering
@@ -142,12 +141,37 @@ class RowBuilder:
         typed = envelope.value_schema is not None or (envelope.payload is None and envelope.key_schema is not None)
         if typed:
             schema, key_conv, value_conv = self._compile(envelope)
-            if key_conv is not None and envelope.key is not None:
-                row["key"] = key_conv(envelope.key, "key")
-            if value_conv is not None and envelope.payload is not None:
-                row.update(value_conv(envelope.payload, "value"))
+            key, payload = envelope.key, envelope.payload
+            try:
+                if key_conv is not None and key is not None:
+                    row["key"] = key_conv(key, "key")
+                if value_conv is not None and payload is not None:
+                    row.update(value_conv(payload, "value"))
+            except InexactNumberError:
+                # A decimal as a JSON number with a fraction (decimal.format=NUMERIC): orjson gave a double, whose
+                # digits may be lost. Read the record again keeping every number as written.
+                if key_conv is not None and key is not None:
+                    row["key"] = key_conv(_exact_payload(record.key), "key")
+                if value_conv is not None and payload is not None:
+                    row.update(value_conv(_exact_payload(record.value), "value"))
             return BronzeRow(Layout.TYPED, schema, row)
         return self._json_row(envelope, row, is_change)
+
+    def tombstone_row(
+        self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime, layout: Layout
+    ) -> BronzeRow:
+        """A tombstone in the layout of its table. Its own layout would follow its key alone: with keys and values
+        converted differently (key.converter.schemas.enable=false, the value converter's true, or the reverse),
+        every delete's tombstone would be a dead letter. Typed without a key schema: no key column (the key is in
+        _cdc_key_json); as JSON: the key as JSON text."""
+        row = _coordinates(record, ingested_at)
+        row["_cdc_order"] = envelope.ordering
+        row["_cdc_key_json"] = canonical_json(envelope.key)
+        if layout is Layout.JSON:
+            return self._json_row(envelope, row, True)
+        if envelope.key_schema is not None:
+            return self.build(record, envelope, ingested_at)
+        return BronzeRow(Layout.TYPED, _KEYLESS_TOMBSTONE_SCHEMA, row)
 
     def _json_row(self, envelope: Envelope, row: dict[str, Any], is_change: bool) -> BronzeRow:
         fields = list(COORDINATE_FIELDS)
@@ -173,3 +197,32 @@ class RowBuilder:
         elif is_change:
             fields.append(pa.field("op", pa.string()))
         return BronzeRow(Layout.JSON, pa.schema(fields), row)
+
+
+_KEYLESS_TOMBSTONE_SCHEMA = pa.schema([*COORDINATE_FIELDS, *CHANGE_FIELDS])
+
+
+def _exact_payload(data: bytes | None) -> Any:
+    """A key or value (JSON converter) read with its numbers as written: fractions as decimal.Decimal."""
+    try:
+        document = json.loads(data or b"null", parse_float=decimal.Decimal)
+    except ValueError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
+        return document["payload"]
+    return document  # schemas.enable=false: the payload itself (its schema known from the topic)
+
+
+def _coordinates(record: RawRecord, ingested_at: dt.datetime) -> dict[str, Any]:
+    kafka_ts = (
+        None
+        if record.timestamp_ms is None or record.timestamp_ms < 0
+        else dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC)
+    )
+    return {
+        "_cdc_topic": record.topic,
+        "_cdc_partition": record.partition,
+        "_cdc_offset": record.offset,
+        "_cdc_kafka_ts": kafka_ts,
+        "_cdc_ingested_at": ingested_at,
+    }

@@ -135,11 +135,26 @@ def _int(kind: str) -> Converter:
 
 
 def _float(value: Any, path: str) -> Any:
-    if type(value) is float or type(value) is int:
+    if type(value) is float or type(value) is int or type(value) is decimal.Decimal:  # Decimal: an exact re-read
         return float(value)
     if value in ("NaN", "Infinity", "-Infinity"):  # how the JSON converter writes non-finite doubles
         return float(value)
     raise _fail(path, "a number", value)
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(value: Any, path: str) -> Any:
+    number = _float(value, path)
+    if abs(number) > FLOAT32_MAX and number == number and abs(number) != float("inf"):
+        raise _fail(path, "a float32 (at most 3.4028235e38 in magnitude)", value)  # Arrow would store inf
+    return number
+
+
+class InexactNumberError(DecodeError):
+    """A decimal column's value arrived as a JSON number with a fraction (decimal.format=NUMERIC), which the fast
+    JSON parser reads as a double: the record must be read again keeping the number's digits."""
 
 
 def _bool(value: Any, path: str) -> Any:
@@ -183,17 +198,19 @@ def _decimal(precision: int, scale: int, wire_scale: int | None = None) -> Conve
             result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-wire, context=_EXACT)
         elif type(value) is int:  # decimal.format=NUMERIC
             result = decimal.Decimal(value)
+        elif type(value) is decimal.Decimal:  # the number as written (RowBuilder's exact re-read)
+            result = value
+            if not result.is_finite():
+                raise _fail(path, f"decimal({precision},{scale})", value)
         elif type(value) is float:
-            # A JSON number with a fraction (or beyond 64 bits) reaches us as a double: exact only up to 15
-            # significant digits; beyond that the digits are already lost, and rounding is not for us to do.
-            result = decimal.Decimal(repr(value))
-            if not result.is_finite() or len(result.as_tuple().digits) > 15:
-                raise _fail(path, f"decimal({precision},{scale}) as an exact JSON number (at most 15 digits)", value)
+            # A JSON number with a fraction (or beyond 64 bits) reaches us as a double, its digits maybe lost
+            # already (1.000000000000000001 reads as 1.0): the record is read again, exactly.
+            raise InexactNumberError(f"{path}: a decimal written as a JSON number with a fraction")
         else:
             raise _fail(path, f"decimal({precision},{scale})", value)
         try:
             fitted = result.quantize(quantum, context=_EXACT)
-        except decimal.InvalidOperation:  # e.g. 1e100: more digits than any decimal(38, s)
+        except decimal.DecimalException:  # e.g. 1e100: more digits than any decimal(38, s)
             raise _fail(path, f"decimal({precision},{scale}) (out of range)", value) from None
         if fitted != result:
             raise _fail(path, f"decimal({precision},{scale})", value)
@@ -214,8 +231,11 @@ def _variable_scale_decimal(scale: int) -> Converter:
         raw = _b64(value.get("value"), path + ".value")
         if not raw:
             raise _fail(path, "VariableScaleDecimal value (base64 of at least one byte)", value)
-        result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-value["scale"], context=context)
-        fitted = result.quantize(quantum, context=context)
+        try:
+            result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-value["scale"], context=context)
+            fitted = result.quantize(quantum, context=context)
+        except decimal.DecimalException:  # e.g. 1E+100 (Oracle's NUMBER reaches 1E+125), or a huge scale
+            raise _fail(path, f"decimal(38,{scale}) (out of range)", value) from None
         if fitted != result or abs(fitted.scaleb(scale, context=context)) >= 10**MAX_DECIMAL_PRECISION:
             raise _fail(path, f"decimal(38,{scale}) without rounding", value)
         return fitted
@@ -300,7 +320,9 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
         inner = _zoned_timestamp
     elif kind in _INT_RANGES:
         inner = _int(kind)
-    elif kind in ("float", "double", "float32", "float64"):
+    elif kind in ("float", "float32"):
+        inner = _float32
+    elif kind in ("double", "float64"):
         inner = _float
     elif kind == "boolean":
         inner = _bool
