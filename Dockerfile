@@ -3,7 +3,10 @@
 #
 #   docker build -t cdclake-ingest .
 #   docker run -v ./cdclake.yml:/etc/cdclake/cdclake.yml:ro -v warehouse:/warehouse -p 9108:9108 cdclake-ingest
-FROM python:3.11-slim
+#
+# The base image comes from Docker Hub; behind a registry mirror: --build-arg BASE_IMAGE=<mirror>/python:3.11-slim
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -41,7 +41,7 @@ from ingest.bronze.tables import (
 )
 from ingest.config import IngestSettings
 from ingest.debezium.envelope import Decoder, Envelope, RawRecord, RecordKind, decode
-from ingest.errors import DecodeError, TypeConflictError
+from ingest.errors import ConfigError, DecodeError, TypeConflictError
 from ingest.metrics import IngestMetrics
 from ingest.sources.base import Source
 
@@ -158,6 +158,24 @@ class Pipeline:
     # -- positions ------------------------------------------------------------------------------------------
     def table_for(self, topic: str) -> str:
         return bronze_table_name(topic, self.settings.table_mapping)
+
+    def _route(self, topic: str) -> str:
+        """The table of ``topic``'s records, decided once per topic. Two topics whose default names collide
+        (``db.public.Customers`` and ``db.public.customers``, ``a-b`` and ``a_b``) would mix two source tables' rows
+        and keys in one: refused, naming both, unless ``ingest.table_mapping`` names the table (sharing on purpose)."""
+        name = self.table_for(topic)
+        if topic not in self.settings.table_mapping:
+            sharing = {other for other, table in self._table_names.items() if table == name}
+            sharing |= {other for other, _partition in self._offsets(name)}
+            sharing.discard(topic)
+            if sharing:
+                raise ConfigError(
+                    f"topics {topic!r} and {min(sharing)!r} both land in bronze table "
+                    f"{self.tables.identifier(name)} by default (lower case, characters outside [a-z0-9_] as _): "
+                    "give one a table of its own with ingest.table_mapping"
+                )
+        self._table_names[topic] = name
+        return name
 
     def _load_table_state(self, name: str) -> None:
         table = self.tables.load(name)
@@ -306,7 +324,7 @@ class Pipeline:
             if table is None:
                 name = self._table_names.get(topic)
                 if name is None:
-                    name = self._table_names[topic] = self.table_for(topic)
+                    name = self._route(topic)
                 table = known[topic] = (name, self._offsets(name))
             name, committed = table
             append(None if committed and record.offset < committed.get((topic, record.partition), -1) else name)
@@ -520,7 +538,7 @@ class Pipeline:
     def _accept_one(self, record: RawRecord, ingested_at: dt.datetime) -> None:
         name = self._table_names.get(record.topic)
         if name is None:
-            name = self._table_names[record.topic] = self.table_for(record.topic)
+            name = self._route(record.topic)
         tp = (record.topic, record.partition)
         if record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(tp, record.offset):
             self._skip("replay")

@@ -27,7 +27,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from ingest.bronze.dead_letters import dead_lettered_offsets
-from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.errors import ConfigError
@@ -391,6 +391,13 @@ def collect_status(
             tp: _landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset))
             for tp, offset in decode_offsets(table.properties.get(OFFSETS_PROPERTY)).items()
         }
+        # A partition whose every record so far was a dead letter has no offset in the data table: it is where the
+        # dead-letter table says (its lag is asked for like any other's).
+        for tp, dead_offset in dead_offsets.items():
+            if tp not in offsets and bronze_table_name(tp[0], settings.ingest.table_mapping) == name:
+                offsets[tp] = _landed_up_to(
+                    dead_table, tp, _first_dead_letter(dead_table, tp, dead_offset), dead_offset
+                )
         status = BronzeStatus(
             name=name,
             table=identifier,
@@ -440,6 +447,12 @@ def collect_status(
     )
 
 
+def _first_dead_letter(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
+    """The first offset of a partition the dead-letter table holds (a topic's retention may have cut earlier ones)."""
+    held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
+    return min(held, default=dead_offset)
+
+
 def _landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
     """Where a partition's landed records end: the data table's offset moves only with a record of its own, so past
     it come the records the dead-letter table holds (a partition whose latest records were dead letters has no lag).
@@ -458,6 +471,8 @@ def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.dateti
     now = now or status.generated_at
     limit = dt.timedelta(seconds=stale_after_s)
     problems: list[str] = []
+    for topic, count in status.dead_letters_without_table.items():
+        problems.append(f"topic {topic}: {count} record(s), every one a dead letter: no bronze table")
     for table in status.tables:
         if table.last_commit is None:
             problems.append(f"{table.table}: no ingest commit found")

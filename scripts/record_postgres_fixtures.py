@@ -16,7 +16,8 @@ so that Debezium sends its placeholder for the values an update left alone; a th
 Run it with ``make fixtures`` (or directly:
 ``.venv/bin/python scripts/record_postgres_fixtures.py [--out DIR] [--recording NAME]``).
 Needs ``pydbzengine==3.6.3.0`` (pulls ``jpype1``), ``psycopg2-binary``, a JDK
-(17) and the PostgreSQL server binaries ``initdb``/``pg_ctl`` on PATH. When run
+(17) and the PostgreSQL server (``initdb``/``pg_ctl`` on PATH or in Debian's
+/usr/lib/postgresql/<version>/bin; ``make setup`` installs it). When run
 as root, the cluster runs as the ``postgres`` system user (via ``runuser``).
 
 Data values are fixed, so the stream is the same on every run except for LSNs,
@@ -49,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+from ingest.testing.postgres import server_program
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "debezium" / "postgres"
@@ -405,17 +408,19 @@ class PgCluster:
         if self.run_as is not None:
             user = pwd.getpwnam(self.run_as)
             os.chown(self.base, user.pw_uid, user.pw_gid)
-        self._run(["initdb", "-D", str(self.data_dir), "-A", "trust", "-U", "postgres"])
+        self._run([server_program("initdb"), "-D", str(self.data_dir), "-A", "trust", "-U", "postgres"])
         opts = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
             "-c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 "
             "-c timezone=UTC"
         )
-        self._run(["pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", opts, "-w", "start"])
+        self._run(
+            [server_program("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-o", opts, "-w", "start"]
+        )
 
     def stop(self) -> None:
         if (self.data_dir / "postmaster.pid").exists():
-            self._run(["pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop"])
+            self._run([server_program("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"])
 
     def server_log_tail(self, lines: int = 40) -> str:
         try:

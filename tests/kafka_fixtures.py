@@ -22,6 +22,7 @@ from ingest.errors import SetupError
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from tests.conftest import make_settings
+from tests.missing import missing_runtime
 
 Coordinate = tuple[str, int, int]
 COORDINATES = ["_cdc_topic", "_cdc_partition", "_cdc_offset"]
@@ -34,7 +35,7 @@ def broker() -> Iterator[TansuBroker]:
     try:
         tansu_binary()
     except SetupError as exc:
-        pytest.skip(str(exc))
+        missing_runtime(str(exc))
     with TansuBroker() as running:
         yield running
 

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from ingest.errors import SetupError
 from ingest.lakehouse import RUNTIME_DIR_ENV, runtime_dir
+from tests.missing import missing_runtime
 
 SUBPROCESS_TIMEOUT_S = 600.0
 # The `spark:` section of children's configs: a small local JVM whose code only C1 compiles. A `cdclake dbt build`
@@ -46,7 +45,7 @@ def isolated_runtime(root: Path) -> Path:
 
         spark_jars()
     except SetupError as exc:
-        pytest.skip(str(exc))
+        missing_runtime(str(exc))
     runtime = root / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
     for name in ("jars", "bin"):

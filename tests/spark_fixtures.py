@@ -20,6 +20,7 @@ import yaml
 
 from ingest.config import Settings, load_settings
 from tests.conftest import make_settings
+from tests.missing import missing_runtime
 
 # The session's Spark settings: they cannot change once the JVM runs, so every config() copies them.
 SPARK_SECTION = {"master": "local[2]"}
@@ -64,7 +65,7 @@ def spark_lakehouse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkL
     try:
         spark_jars()
     except SetupError as exc:
-        pytest.skip(str(exc))
+        missing_runtime(str(exc))
     root = tmp_path_factory.mktemp("spark_lakehouse")
     settings = make_settings(root, spark=dict(SPARK_SECTION))
     config_path = root / "cdclake.yml"

@@ -354,6 +354,25 @@ def test_dead_letters_at_a_partitions_end_are_not_lag(lakehouse: Path) -> None:
     assert [(p.next_offset, p.lag) for p in status.tables[0].partitions] == [(12, 3)]
 
 
+def test_a_partition_or_topic_of_dead_letters_only_is_shown(lakehouse: Path) -> None:
+    """A partition whose every record was a dead letter has no offset in its data table: status shows it, where
+    the dead-letter table says, and asks its lag. A topic whose every record was a dead letter has no bronze
+    table: status counts it as stale instead of calling the lakehouse fresh."""
+    settings = make_settings(lakehouse)
+    source = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+    good = ("i.s.t", 0, {"id": 0}, {"op": "c", "after": {"id": 0}, "source": source})
+    bad = [("i.s.t", n, {"id": n}, "{not json") for n in (3, 4)]  # partition 1; offsets 0-2 gone by retention
+    ingest_file(settings, write_dump(lakehouse / "mixed.jsonl", [good, *bad], partitions=[0, 1, 1]))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 6))
+    [table] = status.tables
+    assert [(p.partition, p.next_offset, p.lag) for p in table.partitions] == [(0, 1, 5), (1, 5, 1)]
+    assert stale_problems(status, 3600) == []
+    ingest_file(settings, write_dump(lakehouse / "only.jsonl", [("o.s.t", 0, {"id": 1}, "{not json")]))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 1))
+    assert status.dead_letters_without_table == {"o.s.t": 1}
+    assert stale_problems(status, 3600) == ["topic o.s.t: 1 record(s), every one a dead letter: no bronze table"]
+
+
 def test_lag_is_na_when_the_broker_cannot_say() -> None:
     parts = [
         PartitionStatus("t", 0, 10),

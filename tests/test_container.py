@@ -83,10 +83,12 @@ def env_of(instructions: list[tuple[str, str]]) -> dict[str, str]:
 def test_dockerfile_contract() -> None:
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     keywords = [name for name, _ in instructions]
-    known = {"FROM", "ENV", "COPY", "RUN", "WORKDIR", "USER", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL"}
+    known = {"ARG", "FROM", "ENV", "COPY", "RUN", "WORKDIR", "USER", "EXPOSE", "HEALTHCHECK", "STOPSIGNAL"}
     assert set(keywords) <= known | {"ENTRYPOINT", "CMD"}, keywords
 
-    assert only(instructions, "FROM") == "python:3.11-slim"
+    # The base image, overridable for a registry mirror.
+    assert only(instructions, "ARG") == "BASE_IMAGE=python:3.11-slim"
+    assert only(instructions, "FROM") == "${BASE_IMAGE}"
     user = only(instructions, "USER").split(":")[0]
     assert user not in ("root", "0")
     assert user == "10001"

@@ -101,7 +101,6 @@ def test_sqlserver_adds_event_serial_no() -> None:
         ({"connector": "db2", "commit_lsn": "zz:00:00"}, "not a valid db2 LSN"),
         ({"connector": "db2", "commit_lsn": "0001:0002"}, "not a valid db2 LSN"),
         ({"connector": "oracle", "scn": -4}, "negative"),
-        ({"connector": "cobol"}, "unknown connector 'cobol'"),
         ({"connector": "postgresql", "sequence": "[1,2"}, "not valid JSON"),
     ],
 )
@@ -127,8 +126,23 @@ def test_connector_inferred_when_source_omits_it() -> None:
     # The Oracle 1.5 docs' data events print no source.connector.
     assert ordering({"scn": "2122185", "commit_scn": "2122186", "txId": "6.28.807"}) == [2122186, 2122185, MISSING]
     assert ordering({"rs": "rs0", "ts_ms": 1000, "ord": 3}) == [1000, 3, MISSING]
-    with pytest.raises(DecodeError, match="unknown connector None"):
-        ordering({"db": "x"})
+    assert ordering({"db": "x"}, offset=7) == [7]  # nothing to infer from: ordered by Kafka offset, see below
+
+
+def test_other_connectors_are_ordered_by_kafka_offset(caplog: pytest.LogCaptureFixture) -> None:
+    """Any other Debezium connector (Vitess, Spanner, ...) lands: without a position cdclake knows, its changes take
+    their Kafka offset as ordering value (Debezium's order within a partition), with one warning per connector.
+    The MariaDB connector's binlog positions are MySQL's."""
+    from ingest.debezium.envelope import RawRecord, decode
+
+    with caplog.at_level("WARNING", logger="ingest.debezium.ordering"):
+        assert ordering({"connector": "vitess", "vgtid": "[{...}]"}, offset=5) == [5]
+        assert ordering({"connector": "vitess", "vgtid": "[{...}]"}, offset=6) == [6]
+    assert caplog.text.count("connector 'vitess' (source.connector) has no source position") == 1
+    value = b'{"op": "c", "after": {"id": 1}, "source": {"connector": "spanner", "commit_timestamp": "x"}}'
+    assert decode(RawRecord("t", 0, 41, None, None, value)).ordering == [41]
+    binlog = {"file": "mariadb-bin.000003", "pos": 154, "row": 1}
+    assert ordering({"connector": "mariadb", **binlog}) == ordering({"connector": "mysql", **binlog}) == [3, 154, 1]
 
 
 def test_positions_beyond_64_bits_are_rejected() -> None:

@@ -50,6 +50,7 @@ from tests.kafka_fixtures import (
     run_kafka,
     unique,
 )
+from tests.missing import missing_runtime
 from tests.processes import CHILD_SPARK, Cdclake, run_cdclake, wait_until
 from tests.silver_harness import Change, SilverHarness, Topic
 
@@ -338,7 +339,7 @@ def durable_broker(root: Path) -> Iterator[tuple[SeaweedS3, TansuBroker]]:
         tansu_binary()
         weed_binary()
     except SetupError as exc:
-        pytest.skip(str(exc))
+        missing_runtime(str(exc))
     with SeaweedS3(root / "seaweed") as s3:
         tansu = TansuBroker(storage_engine=s3.storage_engine, env=s3.tansu_env()).start()
         try:
@@ -479,12 +480,11 @@ def test_an_idle_topic_never_stalls_commits(broker: TansuBroker, tmp_path: Path)
 # -- 3. commit contention: two ingesters and dbt at once; a commit that keeps failing ----------------------------------
 @pytest.fixture(scope="module")
 def postgres_server() -> Iterator[Any]:
-    import shutil
 
-    from ingest.testing.postgres import PrivatePostgres
+    from ingest.testing.postgres import PrivatePostgres, server_available
 
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("the PostgreSQL server binaries (initdb, pg_ctl) are not on PATH")
+    if not server_available():
+        missing_runtime("the PostgreSQL server (initdb, pg_ctl) is not installed")
     with PrivatePostgres(database="reliability") as server:
         yield server
 

@@ -38,7 +38,7 @@ from ingest.demo import _after_schema, _normalize
 from ingest.fakes import build_stream, continue_stream
 from ingest.fakes.scenario import FakeStream
 from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, jdbc_catalog_conf, load_catalog, spark_conf
-from ingest.testing.postgres import PrivatePostgres
+from ingest.testing.postgres import PrivatePostgres, server_available
 from ingest.testing.spark_cluster import SparkCluster, ThriftServer
 from tests.kafka_fixtures import (
     FAST_GROUP_JOIN,
@@ -50,6 +50,7 @@ from tests.kafka_fixtures import (
     retopic,
     unique,
 )
+from tests.missing import missing_runtime
 from tests.processes import CHILD_SPARK, Cdclake, cdclake_command, ingester, isolated_runtime
 
 # Columns whose value is the time of the apply, different on every build.
@@ -61,8 +62,8 @@ SUBPROCESS_TIMEOUT_S = 600.0
 # -- infrastructure (module scope: each starts once) -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[PrivatePostgres]:
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        pytest.skip("the PostgreSQL server binaries (initdb, pg_ctl) are not on PATH")
+    if not server_available():
+        missing_runtime("the PostgreSQL server (initdb, pg_ctl) is not installed")
     with PrivatePostgres(database="scaleout") as server:
         yield server
 

@@ -60,6 +60,7 @@ _POSITION_FIELDS = {
     "mongodb": ("ts_ms", "ord"),
     "postgresql": ("sequence", "lsn"),
     "mysql": ("file", "pos", "row"),
+    "mariadb": ("file", "pos", "row"),
 }
 _INTEGER_PAIRS = {"informix", "oracle", "mongodb"}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

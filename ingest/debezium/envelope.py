@@ -136,7 +136,7 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
     if "op" in payload:
         _validate_change(payload)
         _check_key_matches(key, payload)
-        order = ordering(payload.get("source"), payload.get("transaction"))
+        order = ordering(payload.get("source"), payload.get("transaction"), record.offset)
         return Envelope(RecordKind.CHANGE, key, key_schema, payload, value_schema, order)
     if payload.get("status") in ("BEGIN", "END") and "id" in payload:
         return Envelope(RecordKind.TRANSACTION, key, key_schema, payload, value_schema, None)

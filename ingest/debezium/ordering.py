@@ -8,6 +8,7 @@ older than any real position. The full order of bronze rows is (ordering, op ran
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,6 +17,7 @@ import orjson
 
 from ingest.errors import DecodeError
 
+log = logging.getLogger(__name__)
 Position = list[int]
 MISSING = -1
 MAX_POSITION = 2**63 - 1  # positions are stored as Iceberg longs
@@ -133,8 +135,10 @@ ORDERINGS: dict[str, Callable[[Mapping[str, Any]], Position]] = {
     "mongodb": _mongodb,
     "postgresql": _postgresql,
     "mysql": _mysql,
+    "mariadb": _mysql,  # Debezium's MariaDB connector (2.5+) shares the MySQL binlog's source fields
     "sqlserver": _sqlserver,
 }
+_UNKNOWN_CONNECTORS: set[str] = set()  # warned about once each
 
 # Changes of one transaction can share these connectors' positions: a MongoDB transaction's events share its
 # cluster time (ts_ms, ord), Oracle rows of one transaction can share an scn. Their ordering ends with the event's
@@ -173,15 +177,26 @@ def total_order(transaction: Any, connector: str) -> int:
     return _integer(transaction, "total_order", connector, block="transaction")
 
 
-def ordering(source: Any, transaction: Any = None) -> Position:
-    """The ordering value of one change event, from its ``source`` block (and ``transaction``, see above)."""
+def ordering(source: Any, transaction: Any = None, offset: int = MISSING) -> Position:
+    """The ordering value of one change event, from its ``source`` block (and ``transaction``, see above).
+
+    ``[offset]`` (the record's Kafka offset) for a connector whose position cdclake does not know (any other
+    Debezium connector: Vitess, Spanner, ...): Debezium's own order within a partition, which all changes of one
+    key share, as Debezium's JDBC sink relies on."""
     if not isinstance(source, Mapping):
         raise DecodeError("the envelope has no source block")
     connector = source["connector"] if "connector" in source else _infer_connector(source)
     compute = ORDERINGS.get(connector) if isinstance(connector, str) else None
     if compute is None:
-        known = ", ".join(sorted(ORDERINGS))
-        raise DecodeError(f"unknown connector {connector!r} in source.connector (known: {known})")
+        if repr(connector) not in _UNKNOWN_CONNECTORS:
+            _UNKNOWN_CONNECTORS.add(repr(connector))
+            log.warning(
+                "connector %r (source.connector) has no source position cdclake knows (it knows %s): its changes "
+                "are ordered by Kafka offset, which holds within a partition",
+                connector,
+                ", ".join(sorted(ORDERINGS)),
+            )
+        return [offset]
     if connector in TRANSACTION_ORDERED:
         return [*compute(source), total_order(transaction, connector)]
     return compute(source)

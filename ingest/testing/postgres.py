@@ -40,6 +40,29 @@ class PostgresError(CdclakeError):
     """The private PostgreSQL cluster could not be created, started or stopped (the message says why)."""
 
 
+def server_program(name: str) -> str:
+    """A PostgreSQL server program (initdb, pg_ctl): on PATH, else the newest in Debian's
+    /usr/lib/postgresql/<version>/bin, which the postgresql package does not put on PATH."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: [int(part) for part in re.findall(r"[0-9]+", path.parent.parent.name)],
+    )
+    if not versions:
+        raise SetupError(f"`{name}` is not installed: run `make setup` (it installs Debian's postgresql package)")
+    return str(versions[-1])
+
+
+def server_available() -> bool:
+    try:
+        server_program("initdb"), server_program("pg_ctl")
+    except SetupError:
+        return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -84,6 +107,7 @@ class PrivatePostgres:
         self.base: Path | None = None
         self._run_as: str | None = None
         self._started = False
+        self._initdb, self._pg_ctl = "initdb", "pg_ctl"  # resolved by start()
 
     # -- where things are -------------------------------------------------------------------------------------
     @property
@@ -118,16 +142,14 @@ class PrivatePostgres:
     def start(self) -> PrivatePostgres:
         if self._started:
             return self
-        for tool in ("initdb", "pg_ctl"):
-            if shutil.which(tool) is None:
-                raise SetupError(f"`{tool}` is not on PATH: install the PostgreSQL server (Debian: postgresql)")
+        self._initdb, self._pg_ctl = server_program("initdb"), server_program("pg_ctl")
         self._run_as = _system_user()
         self.base = Path(tempfile.mkdtemp(prefix="cdclake-pg-", dir=self._parent))
         try:
             if self._run_as is not None:
                 user = pwd.getpwnam(self._run_as)
                 os.chown(self.base, user.pw_uid, user.pw_gid)
-            self._run(["initdb", "-D", str(self.data_dir), "-A", "trust", "-U", SUPERUSER, "-E", "UTF8"])
+            self._run([self._initdb, "-D", str(self.data_dir), "-A", "trust", "-U", SUPERUSER, "-E", "UTF8"])
             fixed_port = self.port is not None
             for attempt in range(1, 1 if fixed_port else 4):
                 port = self.port if fixed_port and self.port is not None else _free_port()
@@ -154,7 +176,7 @@ class PrivatePostgres:
         self.port = port
         self._run(
             [
-                "pg_ctl",
+                self._pg_ctl,
                 "-D",
                 str(self.data_dir),
                 "-l",
@@ -196,10 +218,10 @@ class PrivatePostgres:
             if (base / "data" / "postmaster.pid").exists():
                 data = str(base / "data")
                 try:
-                    self._run(["pg_ctl", "-D", data, "-m", "fast", "-t", "30", "-w", "stop"])
+                    self._run([self._pg_ctl, "-D", data, "-m", "fast", "-t", "30", "-w", "stop"])
                 except PostgresError as exc:
                     log.warning("postgres did not stop in time, shutting down immediately: %s", exc)
-                    self._run(["pg_ctl", "-D", data, "-m", "immediate", "-t", "30", "-w", "stop"])
+                    self._run([self._pg_ctl, "-D", data, "-m", "immediate", "-t", "30", "-w", "stop"])
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
