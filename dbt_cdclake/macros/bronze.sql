@@ -44,7 +44,8 @@
   {%- if not keys -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': bronze table " ~ bronze ~ " has no key (the source table has no primary key, or records carry no key schema); name the key columns with config(keys=[...])") }}
   {%- endif -%}
-  {%- set key_exprs = cdclake.key_expressions(bronze, keys, types, key_fields) -%}
+  {%- set reading = cdclake.key_reading(bronze, keys, types, key_fields) -%}
+  {%- set key_exprs = reading.exprs -%}
   {%- set image_columns = [] -%}
   {%- if not document -%}
     {%- set include = config.get('columns') -%}
@@ -57,7 +58,8 @@
   {%- endif -%}
   {#- Columns the model's SQL adds beyond bronze's (e.g. fields extracted from a MongoDB document). -#}
   {%- set extra_columns = [] -%}
-  {%- for column in run_query('select * from (' ~ input_sql ~ ') where false').column_names -%}
+  {%- set input_columns = run_query('select * from (' ~ input_sql ~ ') where false').column_names | list -%}
+  {%- for column in input_columns -%}
     {%- if column not in types and not column.startswith('_change_') and column != '_commit_snapshot_id' -%}{% do extra_columns.append(column) %}{%- endif -%}
   {%- endfor -%}
   {%- set source_type = types.get('source', '') -%}
@@ -67,7 +69,7 @@
   {{ return({
       'key_columns': keys, 'key_exprs': key_exprs, 'document': document, 'image_columns': image_columns,
       'image_expr': 'after', 'extra_columns': extra_columns, 'source_ts_expr': source_ts_expr,
-      'signature': signature}) }}
+      'signature': signature, 'input_columns': input_columns, 'key_moves': reading.moves}) }}
 {%- endmacro %}
 
 
@@ -173,6 +175,18 @@
   key (JSON text) is known only per row, so its field comes first and the images fill in where it has none.
 -#}
 {% macro key_expressions(bronze, keys, types, key_fields=none) -%}
+  {{ return(cdclake.key_reading(bronze, keys, types, key_fields).exprs) }}
+{%- endmacro %}
+
+
+{#-
+  How keys are read (key_expressions: `exprs`), and `moves`: the condition under which an update moves its row
+  to another key (none when every key comes from the Kafka key): for keys read from the images, an update whose
+  `before` image holds a key (all its parts known) other than its `after` image's. Debezium sends a delete and a
+  create when a primary key changes; for keys the model names (a table without a primary key, or other columns)
+  only this update says that the old key's row is gone (with_key_changes).
+-#}
+{% macro key_reading(bronze, keys, types, key_fields=none) -%}
   {%- if key_fields is none -%}
     {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if types.get('key', '').startswith('struct') else [] -%}
   {%- endif -%}
@@ -183,11 +197,13 @@
     {% do image_fields.update({image: cdclake.struct_field_names(bronze, image) | map('lower') | list if types[image].startswith('struct') else none}) %}
   {%- endfor -%}
   {%- set exprs = {} -%}
+  {%- set moved = {'kafka': [], 'before': [], 'after': []} -%}
   {%- for key in keys -%}
     {%- if key | lower in key_fields -%}
       {% do exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
     {%- else -%}
       {%- set parts = [cdclake.json_key_expr(key)] if 'key' in types and not types['key'].startswith('struct') else [] -%}
+      {%- if parts %}{% do moved.kafka.append(parts[0]) %}{% endif -%}
       {%- set images = {} -%}
       {%- for image, fields in image_fields.items() -%}
         {%- if fields is none %}{% do images.update({image: cdclake.json_key_expr(key, image)}) %}
@@ -196,6 +212,8 @@
       {#- The image the change has: `after`, or `before` for a delete (never an update's old key). -#}
       {%- if images | length == 2 -%}
         {% do parts.append('case when after is null then ' ~ images['before'] ~ ' else ' ~ images['after'] ~ ' end') %}
+        {% do moved.before.append(images['before']) %}
+        {% do moved.after.append(images['after']) %}
       {%- elif images -%}
         {% do parts.append(images.values() | first) %}
       {%- endif -%}
@@ -205,7 +223,38 @@
       {% do exprs.update({key: parts[0] if parts | length == 1 else 'coalesce(' ~ parts | join(', ') ~ ')'}) %}
     {%- endif -%}
   {%- endfor -%}
-  {{ return(exprs) }}
+  {%- set moves = none -%}
+  {%- if moved.before -%}
+    {%- set conditions = ["op = 'u'", 'after is not null', 'before is not null'] -%}
+    {#- A schemaless Kafka key that carries the field: Debezium's own delete and create say it. -#}
+    {%- for part in moved.kafka %}{% do conditions.append(part ~ ' is null') %}{% endfor -%}
+    {%- for part in moved.before %}{% do conditions.append(part ~ ' is not null') %}{% endfor -%}
+    {%- set same = [] -%}
+    {%- for part in moved.before %}{% do same.append(part ~ ' <=> ' ~ moved.after[loop.index0]) %}{% endfor -%}
+    {% do conditions.append('not (' ~ same | join(' and ') ~ ')') %}
+    {%- set moves = conditions | join(' and ') -%}
+  {%- endif -%}
+  {{ return({'exprs': exprs, 'moves': moves}) }}
+{%- endmacro %}
+
+
+{#-
+  `relation_sql` (bronze rows: the model's input, or bronze itself) plus, for each update that moves its row to
+  another key (`moves`, see key_reading), a delete of the old key at the update's position: the update's row with
+  op 'd' and no `after`, so its key reads from `before`. Net effect, tombstones, history and the shipped tests then
+  treat it as Debezium's delete of a changed primary key. `columns`: the relation's columns.
+-#}
+{% macro with_key_changes(relation_sql, columns, moves) -%}
+  {%- if moves is none %}{{ return(relation_sql) }}{% endif -%}
+  {%- set listed = [] -%}
+  {%- set deleted = [] -%}
+  {%- for column in columns -%}
+    {% do listed.append(cdclake.quote(column)) %}
+    {%- if column == 'op' %}{% do deleted.append("'d' as op") %}
+    {%- elif column == 'after' %}{% do deleted.append('case when false then after end as after') %}
+    {%- else %}{% do deleted.append(cdclake.quote(column)) %}{% endif -%}
+  {%- endfor -%}
+  {{ return('select ' ~ listed | join(', ') ~ ' from (' ~ relation_sql ~ ') cdc_moved union all select ' ~ deleted | join(', ') ~ ' from (' ~ relation_sql ~ ') cdc_moved where ' ~ moves) }}
 {%- endmacro %}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import binascii
 import datetime as dt
 import decimal
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -147,7 +148,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def _float32(value: Any, path: str) -> Any:
     number = _float(value, path)
-    if abs(number) > FLOAT32_MAX and number == number and abs(number) != float("inf"):
+    if math.isfinite(number) and abs(number) > FLOAT32_MAX:
         raise _fail(path, "a float32 (at most 3.4028235e38 in magnitude)", value)  # Arrow would store inf
     return number
 

@@ -90,7 +90,8 @@
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
-    {%- set main_sql = cdclake.scd2_prepare(sql | replace(bronze | string, changes), layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
+    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves) -%}
+    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
@@ -105,7 +106,8 @@
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
-    {%- set input_sql = sql | replace(bronze | string, folded) -%}
+    {#- An update that moved its row to another key (keys read from the images) also deletes the old key. -#}
+    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, folded), layout.input_columns, layout.key_moves) -%}
     {#- A soft-deleted row keeps its key's last values (net_effect_sql; without one in the unit: silver's). -#}
     {%- if delete_mode == 'soft' %}{% do layout.update({'keep_deleted_images': true}) %}{% endif -%}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work

@@ -36,7 +36,11 @@
     over bronze as of that snapshot. -#}
 {% macro recomputed_latest(bronze, keys, snapshot=none) -%}
   {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
-  {%- set key_exprs = cdclake.key_expressions(bronze, keys, cdclake.describe_columns(bronze)) if execute else {} -%}
+  {%- set types = cdclake.describe_columns(bronze) if execute else {} -%}
+  {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
+  {%- set key_exprs = reading.exprs -%}
+  {#- An update that moved its row to another key deletes the old key, as the model applies it. -#}
+  {%- set rows = cdclake.with_key_changes('select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else ''), types.keys() | list, reading.moves) -%}
   select * from (
     select
       {%- for key in keys %}
@@ -46,7 +50,7 @@
       row_number() over (
         partition by {% for key in keys %}{{ key_exprs.get(key, 'null') }}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
-    from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %}
+    from ({{ rows }}) bronze_rows
     where op in ('c', 'u', 'd', 'r')
       {#- the latest truncate voids every change older than it -#}
       and not coalesce(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset) < (
