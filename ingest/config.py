@@ -357,10 +357,10 @@ def _env_value(name: str, value: str, target: _Target | None) -> Any:
     """An override's value: the text as it is for a text setting (``[::1]:9092``, a regex ``[ab].*``); for a list
     or mapping setting YAML (``[a, b]``); ``null`` (or nothing) unsets a setting that may be unset (``metrics_port``).
     The error names the variable only: its value may be a secret."""
-    if target is not None and target.annotation in (str, SecretStr):
-        return value
     if target is not None and target.nullable and value.strip().lower() in ("", "null", "~"):
         return None
+    if target is not None and target.annotation in (str, SecretStr):
+        return value
     if value.strip()[:1] not in ("[", "{"):
         return value
     try:

@@ -162,12 +162,14 @@ class Pipeline:
     def _route(self, topic: str) -> str:
         """The table of ``topic``'s records, decided once per topic. Two topics whose default names collide
         (``db.public.Customers`` and ``db.public.customers``, ``a-b`` and ``a_b``) would mix two source tables' rows
-        and keys in one: refused, naming both, unless ``ingest.table_mapping`` names the table (sharing on purpose)."""
+        and keys in one: refused, naming both. A topic ``ingest.table_mapping`` sends to a table shares it on
+        purpose, with mapped topics and with the one whose default name it is."""
         name = self.table_for(topic)
-        if topic not in self.settings.table_mapping:
+        mapping = self.settings.table_mapping
+        if topic not in mapping:
             sharing = {other for other, table in self._table_names.items() if table == name}
             sharing |= {other for other, _partition in self._offsets(name)}
-            sharing.discard(topic)
+            sharing = {other for other in sharing if other != topic and other not in mapping}
             if sharing:
                 raise ConfigError(
                     f"topics {topic!r} and {min(sharing)!r} both land in bronze table "
@@ -446,8 +448,11 @@ class Pipeline:
                     except DecodeError as error:
                         if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
                             raise
-                        self._dead_letter(record, name, error, ingested_at)
                         group.dropped.append(row)
+                        if record.value is None:  # a tombstone takes its table's layout (RowBuilder.tombstone_row)
+                            self._accept_one(record, ingested_at)
+                        else:
+                            self._dead_letter(record, name, error, ingested_at)
                         continue
                 batch = buffer.get(name)
                 if batch is None:

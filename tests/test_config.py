@@ -176,6 +176,7 @@ def test_env_values_take_the_type_of_their_key(tmp_path: Path) -> None:
         "CDCLAKE__SOURCE__TOPIC_PATTERN": "[ab]server1\\..*",
         "CDCLAKE__INGEST__METRICS_PORT": "null",
         "CDCLAKE__MAINTENANCE__SILVER__DELETE_FILE_THRESHOLD": "",
+        "CDCLAKE__DBT__THRIFT_HOST": "null",  # a text key that may be unset
         "CDCLAKE__SPARK__CONF": "{spark.sql.shuffle.partitions: '8'}",
     }
     settings = load_settings(path, environ=env)
@@ -183,6 +184,7 @@ def test_env_values_take_the_type_of_their_key(tmp_path: Path) -> None:
     assert (source.bootstrap_servers, source.topic_pattern) == ("[::1]:9092", "[ab]server1\\..*")
     assert settings.ingest.metrics_port is None
     assert settings.maintenance.silver.delete_file_threshold is None
+    assert settings.dbt.thrift_host is None
     assert settings.spark.conf == {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8"}
     assert load_settings(path, environ={"CDCLAKE__SOURCE__TOPIC_PATTERN": "[a-c]", "CDCLAKE__SOURCE__TOPICS": "[]"})
     for name in ("CDCLAKE__SPARK__CONF__SPARK_SQL_SHUFFLE_PARTITIONS", "CDCLAKE__INGEST__TABLE_MAPPING__DB_T"):

@@ -428,7 +428,7 @@ COLUMNS: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "f32": (
         {"type": "float"},
         st.floats(allow_nan=False, allow_infinity=False, width=32),
-        st.sampled_from(["NaN", True, 0, 1e300, -3.5e38]),  # beyond float32: dead letters, not inf
+        st.sampled_from(["NaN", True, 0, 1e300, -3.5e38, 3.4028235e38]),  # beyond float32: dead letters, not inf
     ),
     "f64": (
         {"type": "double"},

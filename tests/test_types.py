@@ -170,8 +170,9 @@ DECIMAL_20_2 = {
             "out of range",
         ),
         # a float32 beyond its range used to be stored as inf
-        ({"type": "float"}, 1e300, "a float32 (at most 3.4028235e38 in magnitude)"),
+        ({"type": "float"}, 1e300, "a float32 (below 3.4028236e38 in magnitude)"),
         ({"type": "float32"}, -3.5e38, "a float32"),
+        ({"type": "float32"}, 2.0**128 - 2.0**103, "a float32"),  # halfway past the greatest: rounds to inf
         (DECIMAL_20_2, "", "base64 of at least one byte"),  # zero bytes used to read as 0.00
         (
             {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},
@@ -191,6 +192,14 @@ def test_values_that_used_to_stop_the_ingester_or_round_are_dead_letters(
 ) -> None:
     with pytest.raises(DecodeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         converter(schema)(raw, "after.col")
+
+
+def test_float32_extremes_as_java_prints_them_land() -> None:
+    """Java prints Float.MAX_VALUE as 3.4028235E38, a little above the exact maximum: it rounds to it, finite."""
+    for printed in (3.4028235e38, -3.4028235e38, 1.4e-45):
+        value = converter({"type": "float"})(printed, "c")
+        assert pa.array([value], pa.float32())[0].as_py() == pa.array([printed], pa.float32())[0].as_py()
+        assert abs(pa.array([value], pa.float32())[0].as_py()) < float("inf")
 
 
 def test_a_negative_scale_decimal_is_an_integer_column() -> None:

@@ -134,7 +134,7 @@ class _Float(Node):
         # NaN/Infinity literals parse here but not in orjson; "-0" is the int 0 for orjson but -0.0 here.
         bad = _flag(pc.invert(pc.is_finite(array)))
         if self.single:
-            bad = _or(bad, _flag(pc.greater(pc.abs(array), connect.FLOAT32_MAX)))
+            bad = _or(bad, _flag(pc.greater_equal(pc.abs(array), connect.FLOAT32_OVERFLOW)))
         zero = pc.equal(array, 0.0)
         if pc.any(zero).as_py():
             bad = _or(bad, _flag(pc.and_(zero, pc.less(array.view(pa.int64()), 0))))

@@ -181,8 +181,8 @@ def ordering(source: Any, transaction: Any = None, offset: int = MISSING) -> Pos
     """The ordering value of one change event, from its ``source`` block (and ``transaction``, see above).
 
     ``[offset]`` (the record's Kafka offset) for a connector whose position cdclake does not know (any other
-    Debezium connector: Vitess, Spanner, ...): Debezium's own order within a partition, which all changes of one
-    key share, as Debezium's JDBC sink relies on."""
+    Debezium connector: Vitess, Spanner, ...): Debezium's own order within a partition, which the changes of one
+    Kafka key share, as Debezium's JDBC sink relies on (docs/architecture.md says where it falls short)."""
     if not isinstance(source, Mapping):
         raise DecodeError("the envelope has no source block")
     connector = source["connector"] if "connector" in source else _infer_connector(source)

@@ -143,13 +143,15 @@ def _float(value: Any, path: str) -> Any:
     raise _fail(path, "a number", value)
 
 
-FLOAT32_MAX = 3.4028234663852886e38
+# The magnitude from which a double rounds to float32 infinity (halfway past float32's greatest value, which Java
+# prints as 3.4028235E38: that one, a little above the exact maximum, still rounds to it).
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 
 def _float32(value: Any, path: str) -> Any:
     number = _float(value, path)
-    if math.isfinite(number) and abs(number) > FLOAT32_MAX:
-        raise _fail(path, "a float32 (at most 3.4028235e38 in magnitude)", value)  # Arrow would store inf
+    if math.isfinite(number) and abs(number) >= FLOAT32_OVERFLOW:
+        raise _fail(path, "a float32 (below 3.4028236e38 in magnitude)", value)  # Arrow would store inf
     return number
 
 
