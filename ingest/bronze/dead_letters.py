@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
-from ingest.bronze.rows import COORDINATE_FIELDS
+from ingest.bronze.rows import COORDINATE_FIELDS, coordinate_values
 from ingest.debezium.envelope import RawRecord
 
 DEAD_LETTER_SCHEMA = pa.schema(
@@ -35,17 +35,8 @@ DEAD_LETTER_SCHEMA = pa.schema(
 
 
 def dead_letter_row(record: RawRecord, destination: str, error: Exception, ingested_at: dt.datetime) -> dict[str, Any]:
-    kafka_ts = (
-        None
-        if record.timestamp_ms is None or record.timestamp_ms < 0
-        else dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC)
-    )
     return {
-        "_cdc_topic": record.topic,
-        "_cdc_partition": record.partition,
-        "_cdc_offset": record.offset,
-        "_cdc_kafka_ts": kafka_ts,
-        "_cdc_ingested_at": ingested_at,
+        **coordinate_values(record, ingested_at),
         "_cdc_destination": destination,
         "_cdc_error_kind": type(error).__name__,
         "_cdc_error": str(error)[:4000],

@@ -133,7 +133,7 @@ class RowBuilder:
         return compiled
 
     def build(self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime) -> BronzeRow:
-        row = _coordinates(record, ingested_at)
+        row = coordinate_values(record, ingested_at)
         is_change = envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE)
         if is_change:
             row["_cdc_order"] = envelope.ordering
@@ -164,7 +164,7 @@ class RowBuilder:
         converted differently (key.converter.schemas.enable=false, the value converter's true, or the reverse),
         every delete's tombstone would be a dead letter. Typed without a key schema: no key column (the key is in
         _cdc_key_json); as JSON: the key as JSON text."""
-        row = _coordinates(record, ingested_at)
+        row = coordinate_values(record, ingested_at)
         row["_cdc_order"] = envelope.ordering
         row["_cdc_key_json"] = canonical_json(envelope.key)
         if layout is Layout.JSON:
@@ -213,7 +213,8 @@ def _exact_payload(data: bytes | None) -> Any:
     return document  # schemas.enable=false: the payload itself (its schema known from the topic)
 
 
-def _coordinates(record: RawRecord, ingested_at: dt.datetime) -> dict[str, Any]:
+def coordinate_values(record: RawRecord, ingested_at: dt.datetime) -> dict[str, Any]:
+    """The COORDINATE_FIELDS of ``record``'s row (data tables and the dead-letter table alike)."""
     kafka_ts = (
         None
         if record.timestamp_ms is None or record.timestamp_ms < 0
