@@ -167,24 +167,18 @@
 
 
 {#-
-  How each key column is read from a bronze row (every use of a key: net effect, tombstones, folding, history and
-  the generic tests). From the Kafka key when it carries the field: a primary key, MongoDB's id. Otherwise from the
-  change's image, `after`, or `before` for a delete: a source table without a primary key has a null Kafka key
-  (typed bronze then has no `key` column), and the model names its keys. A delete whose `before` is null too
-  (PostgreSQL without REPLICA IDENTITY FULL) has a null key. A typed key's fields are known now; a schemaless
-  key (JSON text) is known only per row, so its field comes first and the images fill in where it has none.
--#}
-{% macro key_expressions(bronze, keys, types, key_fields=none) -%}
-  {{ return(cdclake.key_reading(bronze, keys, types, key_fields).exprs) }}
-{%- endmacro %}
-
-
-{#-
-  How keys are read (key_expressions: `exprs`), and `moves`: the condition under which an update moves its row
-  to another key (none when every key comes from the Kafka key): for keys read from the images, an update whose
-  `before` image holds a key (all its parts known) other than its `after` image's. Debezium sends a delete and a
-  create when a primary key changes; for keys the model names (a table without a primary key, or other columns)
-  only this update says that the old key's row is gone (with_key_changes).
+  How each key column is read from a bronze row (`exprs`; every use of a key: net effect, tombstones, folding,
+  history and the generic tests). From the Kafka key when it carries the field: a primary key, MongoDB's id.
+  Otherwise from the change's image, `after`, or `before` for a delete: a source table without a primary key has a
+  null Kafka key (typed bronze then has no `key` column), and the model names its keys. A delete whose `before` is
+  null too (PostgreSQL without REPLICA IDENTITY FULL) has a null key. A typed key's fields are known now; a
+  schemaless key (JSON text) is known only per row, so its field comes first and the images fill in where it has
+  none.
+  And `moves`: the condition under which an update moves its row to another key (none when every key comes from
+  the Kafka key): for keys read from the images, an update whose `before` image holds a key (all its parts known)
+  other than its `after` image's. Debezium sends a delete and a create when a primary key changes; for keys the
+  model names (a table without a primary key, or other columns) only this update says that the old key's row is
+  gone (with_key_changes).
 -#}
 {% macro key_reading(bronze, keys, types, key_fields=none) -%}
   {%- if key_fields is none -%}
