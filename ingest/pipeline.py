@@ -138,6 +138,7 @@ class Pipeline:
         # Background commits (settings.background_commit): at most one buffer commits while the next one fills.
         self._committer: ThreadPoolExecutor | None = None
         self._in_flight: Future[dict[tuple[str, int], int]] | None = None
+        self._in_flight_buffer: dict[str, TableBatch] = {}  # what that commit writes (its schemas: see below)
         self._commit_error: BaseException | None = None
         # Background decoding (settings.background_decode): polls decode, in order, while the next ones are read;
         # up to STAGED_POLLS of them wait to be booked, so neither the read loop nor the decode thread waits for
@@ -194,13 +195,14 @@ class Pipeline:
         # Rows still buffered for the table passed their schema checks against what the table will hold once they
         # commit: keep their columns and layout, or a later record of a conflicting type would pass the check and
         # fail the commit (stopping the service) instead of becoming a dead letter.
+        # So do the rows of the commit in flight, which the table may not hold yet.
         seen: set[int] = set()
-        pending = self._buffer.get(name)
-        if pending is not None and pending.schemas:
-            for buffered in pending.schemas:
-                schema = merge_schemas(self.tables.identifier(name), schema, buffered)
-                seen.add(id(buffered))
-            layout = layout or pending.layout.value
+        for pending in (self._in_flight_buffer.get(name), self._buffer.get(name)):
+            if pending is not None and pending.schemas:
+                for buffered in pending.schemas:
+                    schema = merge_schemas(self.tables.identifier(name), schema, buffered)
+                    seen.add(id(buffered))
+                layout = layout or pending.layout.value
         self._schemas[name], self._layouts[name], self._seen_schemas[name] = schema, layout, seen
 
     def _offsets(self, name: str) -> Offsets:
@@ -661,6 +663,7 @@ class Pipeline:
                 return
             if self._committer is None:
                 self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
+            self._in_flight_buffer = dict(buffer)  # a copy: the commit pops the dead letters off its own
             self._in_flight = self._committer.submit(self._commit_buffer, buffer)
 
     def _finish_commit(self, block: bool = True) -> None:
@@ -673,6 +676,7 @@ class Pipeline:
         if future is None or (not block and not future.done()):
             return
         self._in_flight = None
+        self._in_flight_buffer = {}
         try:
             advisory = future.result()
         except BaseException as error:
@@ -684,6 +688,7 @@ class Pipeline:
         """On the way out: let a commit in flight land (its error is logged, not raised over the one leaving), and
         stop the decode thread."""
         future, self._in_flight = self._in_flight, None
+        self._in_flight_buffer = {}
         if future is not None:
             try:
                 future.result()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -573,3 +574,35 @@ def test_topics_whose_default_names_collide_are_refused(lakehouse: Path, tmp_pat
     archive = [("db.s.archive", 0, key(3), schema_record([ID], {"id": 3}, 12))]
     ingest_file(joined, write_dump(tmp_path / "joined.jsonl", archive + upper))
     assert sorted(row["after"]["id"] for row in rows(settings, "db_s_customers")) == [1, 3]
+
+
+def test_a_column_in_a_commit_in_flight_still_guards_the_next_records(lakehouse: Path, tmp_path: Path) -> None:
+    """A commit in the background (B1) adds column x as a string. Before it lands, the table's state is read again
+    for the next record (the commit before it, B0, landed and dropped the cached state): that record's x as an int
+    must be a dead letter, checked against what B1 brings too. It used to pass the check, fail B2's commit once
+    B1 had landed, and stop the service."""
+    settings = make_settings(lakehouse)
+    with_x = [ID, NAME, {"type": "string", "field": "x", "optional": True}]
+    int_x = [ID, NAME, {"type": "int32", "field": "x", "optional": True}]
+    dump = write_dump(
+        tmp_path / "inflight.jsonl",
+        [
+            ("p.s.t", 0, key(1), schema_record([ID, NAME], {"id": 1, "name": "a"}, 10)),
+            ("p.s.t", 1, key(2), schema_record(with_x, {"id": 2, "name": "b", "x": "s"}, 11)),
+            ("p.s.t", 2, key(3), schema_record(int_x, {"id": 3, "name": "c", "x": 7}, 12)),
+        ],
+    )
+    pipeline = file_pipeline(settings, dump, max_records=1, background_commit=True)
+    commit = pipeline.tables.commit
+
+    def slow_commit(batch: Any) -> int:
+        time.sleep(0.5)  # the next record is checked while this commit is in flight
+        return commit(batch)
+
+    pipeline.tables.commit = slow_commit  # type: ignore[method-assign]
+    pipeline.run(once=True)
+    assert pipeline.stats.dead_letters == 1
+    assert sorted(row["after"]["id"] for row in rows(settings, "p_s_t")) == [1, 2]
+    [dead] = [row for row in rows(settings, DEAD_LETTER_TABLE) if row["_cdc_topic"] == "p.s.t"]
+    assert dead["_cdc_offset"] == 2
+    assert ".x changed type from string to int32" in dead["_cdc_error"]
