@@ -582,8 +582,8 @@ def test_a_column_in_a_commit_in_flight_still_guards_the_next_records(lakehouse:
     must be a dead letter, checked against what B1 brings too. It used to pass the check, fail B2's commit once
     B1 had landed, and stop the service."""
     settings = make_settings(lakehouse)
-    with_x = [ID, NAME, {"type": "string", "field": "x", "optional": True}]
-    int_x = [ID, NAME, {"type": "int32", "field": "x", "optional": True}]
+    with_x: list[dict[str, Any]] = [ID, NAME, {"type": "string", "field": "x", "optional": True}]
+    int_x: list[dict[str, Any]] = [ID, NAME, {"type": "int32", "field": "x", "optional": True}]
     dump = write_dump(
         tmp_path / "inflight.jsonl",
         [
