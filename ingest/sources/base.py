@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from ingest.debezium.envelope import RawRecord
 
 # (topic, partition) -> next offset to read, or None when bronze holds nothing for it (start at the beginning).
 OffsetResolver = Callable[[str, int], int | None]
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """Which topics a source follows (source.topics / source.topic_pattern), as librdkafka subscribes: a pattern is
+    anchored at the name's start and never takes the internal topics (``__consumer_offsets``, ...); neither given,
+    every topic (a dump's)."""
+
+    topics: frozenset[str]
+    pattern: re.Pattern[str] | None
+
+    @classmethod
+    def of(cls, topics: Collection[str] = (), pattern: str | None = None) -> TopicSelection:
+        anchored = None if not pattern else re.compile(pattern if pattern.startswith("^") else "^" + pattern)
+        return cls(frozenset(topics), anchored)
+
+    def follows(self, topic: str) -> bool:
+        if self.pattern is not None:
+            return not topic.startswith("__") and self.pattern.search(topic) is not None
+        return not self.topics or topic in self.topics
 
 
 class Source(Protocol):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
@@ -21,7 +20,7 @@ import orjson
 
 from ingest.debezium.envelope import RawRecord
 from ingest.errors import ConfigError
-from ingest.sources.base import OffsetResolver
+from ingest.sources.base import OffsetResolver, TopicSelection
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +80,7 @@ class FileSource:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError(f"source.path {self.path}: file not found")
-        self._topics = frozenset(topics)
-        # As librdkafka subscribes: a pattern is anchored at the name's start.
-        self._pattern = None
-        if topic_pattern:
-            self._pattern = re.compile(topic_pattern if topic_pattern.startswith("^") else "^" + topic_pattern)
+        self._selection = TopicSelection.of(topics, topic_pattern)
         self._selected: dict[str, bool] = {}
         self.unselected = 0  # records of topics not followed
         self._handle: IO[bytes] | None = None
@@ -130,11 +125,7 @@ class FileSource:
     def _follows(self, topic: str) -> bool:
         selected = self._selected.get(topic)
         if selected is None:
-            if self._pattern is not None:
-                selected = self._pattern.search(topic) is not None
-            else:
-                selected = not self._topics or topic in self._topics
-            self._selected[topic] = selected
+            selected = self._selected[topic] = self._selection.follows(topic)
         return selected
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:

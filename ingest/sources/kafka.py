@@ -19,7 +19,6 @@ no proof of that.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,7 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from ingest.config import SECRET_KEY_PATTERN, SourceSettings
 from ingest.debezium.envelope import RawRecord
 from ingest.errors import CdclakeError, ConfigError
-from ingest.sources.base import OffsetResolver
+from ingest.sources.base import OffsetResolver, TopicSelection
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class KafkaSource:
         self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
         self._accepted_held: frozenset[tuple[str, int]] = frozenset()
         self._handover_grace_s = 12.0
-        self._pattern: re.Pattern[str] | None = None  # the subscription's topic pattern, as subscribed
+        self._selection = TopicSelection.of(settings.topics, settings.topic_pattern)
         self._cooperative = False
         # Set while no broker can be reached: (unix time it started, librdkafka's last error text).
         self._unreachable: tuple[float, str] | None = None
@@ -129,12 +128,8 @@ class KafkaSource:
                 if SECRET_KEY_PATTERN.search(key) and len(value) >= 4:
                     reason = reason.replace(value, "***")
             raise ConfigError(f"source.consumer: the Kafka client rejected the settings: {reason}") from None
-        if self.settings.topic_pattern:
-            pattern = self.settings.topic_pattern
-            subscription = [pattern if pattern.startswith("^") else "^" + pattern]
-            self._pattern = re.compile(subscription[0])
-        else:
-            subscription = list(self.settings.topics)
+        pattern = self._selection.pattern
+        subscription = [pattern.pattern] if pattern is not None else list(self.settings.topics)
         self._consumer.subscribe(subscription, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke)
         self._started_at = time.monotonic()
 
@@ -342,10 +337,7 @@ class KafkaSource:
         return frozenset(self._subscribed - self._assigned)
 
     def _subscribes_to(self, topic: str) -> bool:
-        if self._pattern is not None:
-            # librdkafka matches patterns against every topic but the internal ones (__consumer_offsets, ...).
-            return not topic.startswith("__") and self._pattern.search(topic) is not None
-        return topic in self.settings.topics
+        return self._selection.follows(topic)
 
     def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
         if self._consumer is None or not offsets:
