@@ -395,9 +395,7 @@ def collect_status(
         # dead-letter table says (its lag is asked for like any other's).
         for tp, dead_offset in dead_offsets.items():
             if tp not in offsets and bronze_table_name(tp[0], settings.ingest.table_mapping) == name:
-                offsets[tp] = _landed_up_to(
-                    dead_table, tp, _first_dead_letter(dead_table, tp, dead_offset), dead_offset
-                )
+                offsets[tp] = _dead_letters_landed_up_to(dead_table, tp, dead_offset)
         status = BronzeStatus(
             name=name,
             table=identifier,
@@ -447,10 +445,14 @@ def collect_status(
     )
 
 
-def _first_dead_letter(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
-    """The first offset of a partition the dead-letter table holds (a topic's retention may have cut earlier ones)."""
+def _dead_letters_landed_up_to(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
+    """Where a partition with no record in its data table has landed: through the run of dead letters from its first
+    (a topic's retention may have cut earlier offsets), as _landed_up_to counts them."""
     held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
-    return min(held, default=dead_offset)
+    offset = min(held, default=dead_offset)
+    while offset in held:
+        offset += 1
+    return offset
 
 
 def _landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
