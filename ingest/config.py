@@ -113,7 +113,11 @@ class SourceSettings(_Section):
     )
     group_id: str = Field(default="cdclake", description="Consumer group; group commits are advisory only.")
     consumer: dict[str, SecretStr] = Field(
-        default_factory=dict, description="Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*)."
+        default_factory=dict,
+        description=(
+            "Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*). cdclake sets auto.offset.reset to "
+            "error: a partition whose bronze offset the topic no longer holds stops ingest; earliest accepts the gap."
+        ),
     )
     path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")
     poll_timeout_s: float = Field(default=1.0, gt=0, description="Longest wait for records in one poll.")

@@ -180,7 +180,10 @@ def plan_table(
     if kept:
         timestamp_ms, snapshot_id, by = min(kept)
         position = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.UTC)
-        note = f"keeps snapshot {snapshot_id} (applied by {by}) and newer"
+        note = (
+            f"keeps snapshot {snapshot_id} (applied by {by}, committed {position:%Y-%m-%d %H:%M:%S}Z) and newer: "
+            f"{by} has not applied anything newer; if no model builds it any more, drop it"
+        )
 
     def expire_before(at: dt.datetime) -> dt.datetime:
         # Snapshots strictly older than this expire: silver's applied snapshot stays.

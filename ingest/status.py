@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
@@ -40,8 +40,17 @@ APPLIED_AT_COLUMN = "_cdc_applied_at"
 DEFAULT_STALE_AFTER_S = 3600.0
 
 TopicPartition = tuple[str, int]
-# For each asked partition: the broker's high watermark, or the error that prevented reading it.
-WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "int | Exception"]]
+
+
+class Watermarks(NamedTuple):
+    """A partition's log per the broker: its first offset (records before it were deleted) and its end."""
+
+    low: int
+    high: int
+
+
+# For each asked partition: the broker's watermarks, or the error that prevented reading them.
+WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "Watermarks | Exception"]]
 
 
 @dataclass
@@ -52,6 +61,7 @@ class PartitionStatus:
     high_watermark: int | None = None
     lag: int | None = None
     lag_error: str | None = None  # why lag is n/a (None with lag None: no broker to ask, e.g. a file source)
+    log_start: int | None = None  # the log's first offset, when it lies beyond next_offset: records were deleted
 
 
 @dataclass
@@ -218,13 +228,13 @@ def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> Watermar
     timeout) the remaining partitions get the same error instead of another timeout each.
     """
 
-    def read(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int | Exception]:
+    def read(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, Watermarks | Exception]:
         from confluent_kafka import Consumer, KafkaError, KafkaException
         from confluent_kafka import TopicPartition as KafkaTopicPartition
 
         from ingest.sources.kafka import consumer_config
 
-        results: dict[TopicPartition, int | Exception] = {}
+        results: dict[TopicPartition, Watermarks | Exception] = {}
         if not partitions:
             return results
         try:
@@ -239,7 +249,7 @@ def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> Watermar
                     results.update(dict.fromkeys(partitions[index:], TimeoutError(f"no answer within {timeout_s}s")))
                     break
                 try:
-                    _low, high = consumer.get_watermark_offsets(
+                    low, high = consumer.get_watermark_offsets(
                         KafkaTopicPartition(topic, partition), timeout=remaining, cached=False
                     )
                 except KafkaException as exc:
@@ -250,7 +260,9 @@ def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> Watermar
                         results.update(dict.fromkeys(partitions[index + 1 :], exc))
                         break
                     continue
-                results[(topic, partition)] = -1 if high is None else int(high)
+                results[(topic, partition)] = Watermarks(
+                    -1 if low is None else int(low), -1 if high is None else int(high)
+                )
         finally:
             consumer.close()
         return results
@@ -267,11 +279,12 @@ def _error_text(error: Exception) -> str:
     return str(error) or type(error).__name__
 
 
-def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPartition, int | Exception]) -> None:
-    """Fill lag = high watermark - next offset, or say why it is n/a.
+def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPartition, Watermarks | Exception]) -> None:
+    """Fill lag = high watermark - next offset, or say why it is n/a; note a log that starts after the next offset.
 
-    Some Kafka-protocol brokers (Tansu) answer ListOffsets "latest" with the base offset of the last batch plus one,
-    which can lie below what bronze has already read: such an answer is shown as n/a, not as a negative lag.
+    A high watermark below bronze's next offset means the topic was recreated or another cluster answers (ingest
+    stops on such a partition, see operations.md), or a broker whose ListOffsets "latest" is unreliable (Tansu
+    answers with the base offset of the last batch plus one): shown as n/a, not as a negative lag.
     """
     for part in partitions:
         mark = marks.get((part.topic, part.partition))
@@ -279,17 +292,20 @@ def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPart
             part.lag_error = "not asked"
         elif isinstance(mark, Exception):
             part.lag_error = _error_text(mark)
-        elif mark < 0:
+        elif mark.high < 0:
             part.lag_error = "broker returned no high watermark"
-        elif mark < part.next_offset:
-            part.high_watermark = mark
+        elif mark.high < part.next_offset:
+            part.high_watermark = mark.high
             part.lag_error = (
-                f"broker's high watermark {mark} is below the committed offset {part.next_offset} "
-                "(its ListOffsets 'latest' is unreliable)"
+                f"the log ends at offset {mark.high}, below bronze's next offset {part.next_offset}: the topic was "
+                "recreated, bootstrap_servers names another cluster, or the broker's ListOffsets 'latest' is "
+                "unreliable"
             )
         else:
-            part.high_watermark = mark
-            part.lag = mark - part.next_offset
+            part.high_watermark = mark.high
+            part.lag = mark.high - part.next_offset
+            if mark.low > part.next_offset:
+                part.log_start = mark.low
 
 
 # -- silver -----------------------------------------------------------------------------------------------------------
@@ -469,13 +485,22 @@ def _landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, de
 
 
 def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:
-    """Why the lakehouse counts as stale: bronze not committed for too long, or silver behind for too long."""
+    """Why the lakehouse counts as stale: records deleted from a topic before they were landed, bronze not committed
+    for too long, or silver behind for too long."""
     now = now or status.generated_at
     limit = dt.timedelta(seconds=stale_after_s)
     problems: list[str] = []
     for topic, count in status.dead_letters_without_table.items():
         problems.append(f"topic {topic}: {count} record(s), every one a dead letter: no bronze table")
     for table in status.tables:
+        for part in table.partitions:
+            if part.log_start is not None:
+                problems.append(
+                    f"{part.topic}[{part.partition}]: the log starts at offset {part.log_start}, after bronze's next "
+                    f"offset {part.next_offset}: {part.log_start - part.next_offset} record(s) were deleted before "
+                    "they were landed (ingest stops there until source.consumer.auto.offset.reset: earliest accepts "
+                    "the gap)"
+                )
         if table.last_commit is None:
             problems.append(f"{table.table}: no ingest commit found")
         elif now - table.last_commit > limit:
@@ -554,6 +579,7 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
                         "high_watermark": p.high_watermark,
                         "lag": p.lag,
                         "lag_error": p.lag_error,
+                        "log_start": p.log_start,
                     }
                     for p in table.partitions
                 ],

@@ -21,6 +21,7 @@ from ingest.config import Settings
 from ingest.errors import SetupError
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
+from ingest.testing.kafka_mock import MockKafkaCluster
 from tests.conftest import make_settings
 from tests.missing import missing_runtime
 
@@ -65,7 +66,7 @@ def publish(
 
 def kafka_settings(
     root: Path,
-    broker: TansuBroker,
+    broker: TansuBroker | MockKafkaCluster,
     *,
     topics: list[str] | None = None,
     topic_pattern: str | None = None,

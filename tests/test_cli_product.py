@@ -31,9 +31,11 @@ from ingest.maintenance import (
 from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
 from ingest.status import (
     PartitionStatus,
+    Watermarks,
     apply_watermarks,
     collect_status,
     stale_problems,
+    status_document,
 )
 from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
 from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
@@ -236,6 +238,7 @@ def test_status_json_reports_rows_offsets_dead_letters_and_silver(landed: Settin
             "high_watermark": None,
             "lag": None,
             "lag_error": None,
+            "log_start": None,
         }
     ]
     assert customers["last_commit_from"] == "snapshot"
@@ -343,14 +346,14 @@ def test_dead_letters_at_a_partitions_end_are_not_lag(lakehouse: Path) -> None:
     ingest_file(settings, write_dump(lakehouse / "good.jsonl", good))
     bad = [("i.s.t", n, {"id": n}, "{not json") for n in (10, 11)]
     ingest_file(settings, write_dump(lakehouse / "bad.jsonl", bad))
-    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 12))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 12)))
     [table] = status.tables
     assert table.dead_letters == {"i.s.t": 2}
     assert [(p.next_offset, p.lag) for p in table.partitions] == [(12, 0)]
     # As after a data commit that failed once its flush's dead letters were committed: 12-13 never landed, 14 is a
     # dead letter. Only the consecutive dead letters count as landed.
     ingest_file(settings, write_dump(lakehouse / "gap.jsonl", [("i.s.t", 14, {"id": 14}, "{not json")]))
-    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 15))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 15)))
     assert [(p.next_offset, p.lag) for p in status.tables[0].partitions] == [(12, 3)]
 
 
@@ -363,12 +366,12 @@ def test_a_partition_or_topic_of_dead_letters_only_is_shown(lakehouse: Path) -> 
     good = ("i.s.t", 0, {"id": 0}, {"op": "c", "after": {"id": 0}, "source": source})
     bad = [("i.s.t", n, {"id": n}, "{not json") for n in (3, 4)]  # partition 1; offsets 0-2 gone by retention
     ingest_file(settings, write_dump(lakehouse / "mixed.jsonl", [good, *bad], partitions=[0, 1, 1]))
-    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 6))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 6)))
     [table] = status.tables
     assert [(p.partition, p.next_offset, p.lag) for p in table.partitions] == [(0, 1, 5), (1, 5, 1)]
     assert stale_problems(status, 3600) == []
     ingest_file(settings, write_dump(lakehouse / "only.jsonl", [("o.s.t", 0, {"id": 1}, "{not json")]))
-    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, 1))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 1)))
     assert status.dead_letters_without_table == {"o.s.t": 1}
     assert stale_problems(status, 3600) == ["topic o.s.t: 1 record(s), every one a dead letter: no bronze table"]
 
@@ -380,14 +383,42 @@ def test_lag_is_na_when_the_broker_cannot_say() -> None:
         PartitionStatus("t", 2, 10),
         PartitionStatus("t", 3, 10),
     ]
-    apply_watermarks(parts, {("t", 0): 15, ("t", 1): 4, ("t", 2): RuntimeError("unreachable")})
+    marks: dict[tuple[str, int], Watermarks | Exception] = {
+        ("t", 0): Watermarks(0, 15),
+        ("t", 1): Watermarks(0, 4),
+        ("t", 2): RuntimeError("unreachable"),
+    }
+    apply_watermarks(parts, marks)
     assert (parts[0].lag, parts[0].lag_error) == (5, None)
     assert parts[1].lag is None
-    assert "below the committed offset 10" in (parts[1].lag_error or "")
+    assert "the log ends at offset 4, below bronze's next offset 10: the topic was recreated" in (
+        parts[1].lag_error or ""
+    )
     assert parts[2].lag is None
     assert parts[2].lag_error == "unreachable"
     assert parts[3].lag is None
     assert parts[3].lag_error == "not asked"
+
+
+def test_records_deleted_before_they_were_landed_are_a_problem(lakehouse: Path) -> None:
+    """A log that starts after bronze's next offset (retention ran while ingest was down): the records in between
+    are gone, and ingest stops on that partition (test_kafka_ingest.py). Status says so and exits 3, not lag 0."""
+    settings = make_settings(lakehouse)
+    source = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+    good = [("i.s.t", n, {"id": n}, {"op": "c", "after": {"id": n}, "source": source}) for n in range(3)]
+    ingest_file(settings, write_dump(lakehouse / "good.jsonl", good))
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(3, 9)))
+    [part] = status.tables[0].partitions
+    assert (part.next_offset, part.lag, part.log_start) == (3, 6, None)
+    assert stale_problems(status, 3600) == []
+    status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(7, 9)))
+    [part] = status.tables[0].partitions
+    assert (part.next_offset, part.lag, part.log_start) == (3, 6, 7)
+    assert stale_problems(status, 3600) == [
+        "i.s.t[0]: the log starts at offset 7, after bronze's next offset 3: 4 record(s) were deleted before they "
+        "were landed (ingest stops there until source.consumer.auto.offset.reset: earliest accepts the gap)"
+    ]
+    assert status_document(status, 3600, stale_problems(status, 3600))["tables"][0]["offsets"][0]["log_start"] == 7
 
 
 def test_status_with_an_unreachable_broker_shows_na_and_no_secrets(
@@ -670,6 +701,8 @@ def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse,
     assert result.exit_code == 0, result.output
     assert "rewrite_data_files" in result.stdout
     assert "expire_snapshots" in result.stdout
+    # What holds back the expiry is said in a real run too, not only by --dry-run.
+    assert f"keeps snapshot {applied} (applied by mt_silver.{CUSTOMERS}, committed " in " ".join(result.output.split())
 
     # (a) the offsets are still in the table property, and a restart resumes after them: nothing is re-ingested.
     assert bronze_offsets(settings) == offsets_before

@@ -18,6 +18,9 @@ from ingest.broker import Record, TansuBroker
 from ingest.cli import main as cli_main
 from ingest.errors import ConfigError
 from ingest.fakes import build_stream, continue_stream
+from ingest.sources.kafka import OffsetOutOfRangeError
+from ingest.testing.kafka_mock import CONSUMER_SETTINGS as MOCK_CONSUMER_SETTINGS
+from ingest.testing.kafka_mock import MockKafkaCluster
 from tests.conftest import FIXTURES, ingest_file, make_settings
 from tests.kafka_fixtures import (
     COORDINATES,
@@ -394,3 +397,67 @@ def test_once_leaves_a_live_member_its_share(
     assert took >= 4.0  # twice the tests' session.timeout.ms
     held = sorted(tp for tp in {c[:2] for c in run.expected} if tp not in run.first_share)
     assert f"caught up on this member's share: {held[0][0]}[{held[0][1]}]" in caplog.text
+
+
+def _customer_records(count: int) -> list[tuple[bytes | None, bytes | None]]:
+    """The first ``count`` change records of the real PostgreSQL customers topic, as (key, value) bytes."""
+    lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]
+    customers = [line for line in lines if line["topic"] == "dbserver1.inventory.customers" and line["payload"]]
+    assert len(customers) >= count
+    return [(line["key"].encode(), line["payload"].encode()) for line in customers[:count]]
+
+
+def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
+    lakehouse: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bronze resumes a partition at an offset the topic's log does not hold (records deleted by retention before
+    they were landed, the topic deleted and created again, another cluster): the service stops and names the
+    partition instead of silently jumping (with librdkafka's default `earliest`, over the deleted records).
+    Tansu never answers OFFSET_OUT_OF_RANGE, so librdkafka's mock cluster plays the broker."""
+    topic = "dbserver1.inventory.customers"
+    records = _customer_records(10)
+    with MockKafkaCluster() as first:
+        first.produce(topic, records)
+        settings = kafka_settings(lakehouse, first, topics=[topic], consumer=MOCK_CONSUMER_SETTINGS)
+        assert run_kafka(settings).stats.written == 10
+    landed = bronze_coordinates(settings)
+    assert set(landed) == {(topic, 0, offset) for offset in range(10)}
+
+    # The topic is created again (here: on another cluster) and holds 3 records: offsets 0-2, below bronze's 10.
+    with MockKafkaCluster() as second:
+        second.produce(topic, records[:3])
+        settings = kafka_settings(lakehouse, second, topics=[topic], consumer=MOCK_CONSUMER_SETTINGS)
+        message = rf"^{re.escape(topic)}\[0\]: bronze resumes this partition at offset 10, .*no longer holds.*"
+        with pytest.raises(OffsetOutOfRangeError, match=message + r"source\.consumer\.auto\.offset\.reset: earliest$"):
+            run_kafka(settings)
+        assert bronze_coordinates(settings) == landed
+
+        # Accepting the gap is the user's choice. librdkafka then moves the partition to the log's first offset and
+        # warns; records at offsets bronze holds already count as landed (see operations.md for a recreated topic).
+        accepted = kafka_settings(
+            lakehouse, second, topics=[topic], consumer={**MOCK_CONSUMER_SETTINGS, "auto.offset.reset": "earliest"}
+        )
+        with caplog.at_level(logging.WARNING, logger="ingest.sources.kafka"):
+            assert run_kafka(accepted).stats.written == 0
+        resets = [r.getMessage() for r in caplog.records if "offset reset" in r.getMessage()]
+        assert resets
+        assert f"{topic} [0]: offset reset (at offset 10" in resets[0]
+        assert bronze_coordinates(accepted) == landed
+
+        # The command line: one line naming the partition, a failed exit.
+        root = logging.getLogger()
+        monkeypatch.setattr(root, "handlers", list(root.handlers))  # `cdclake` configures logging globally
+        monkeypatch.setattr(root, "level", root.level)
+        kafka_settings(lakehouse, second, topics=[topic], consumer=MOCK_CONSUMER_SETTINGS)  # writes cdclake.yml again
+        config = lakehouse / "cdclake.yml"
+        monkeypatch.setattr(sys, "argv", ["cdclake", "--config", str(config), "ingest", "--once", "--no-progress"])
+        with pytest.raises(SystemExit) as exited:
+            cli_main()
+        assert exited.value.code != 0
+        assert re.search(
+            rf"error: {re.escape(topic)}\[0\]: bronze resumes this partition at offset 10", capsys.readouterr().err
+        )
+        assert bronze_coordinates(settings) == landed

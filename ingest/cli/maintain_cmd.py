@@ -138,6 +138,9 @@ def _run_with_progress(
             progress.console.print(
                 mark + Text(f"{result.step.table} {result.step.procedure} ({result.seconds:.1f}s) {_brief(result)}")
             )
+            if result.step.note:
+                # A silver table holding back bronze's expiry (a stalled or abandoned model) must not go unseen.
+                progress.console.print(Text(f"  {result.step.note}", style="yellow"))
             if result.step.procedure != "check_offsets":
                 progress.advance(task)
 

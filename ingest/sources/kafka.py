@@ -54,6 +54,11 @@ class KafkaSourceError(CdclakeError):
     """The broker reported an error the client cannot recover from (message names topic/partition)."""
 
 
+class OffsetOutOfRangeError(KafkaSourceError):
+    """A partition's offset from bronze is not in the topic's log: the records from there were deleted (retention, a
+    recreated topic, another cluster). Going on would skip or re-number records, so it is refused by default."""
+
+
 def consumer_config(settings: SourceSettings) -> dict[str, Any]:
     config: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
@@ -61,7 +66,9 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
+        # Partitions start from bronze's offsets (or the beginning). One that is out of the log's range means
+        # records were deleted before they were landed: stop and say so rather than silently jump over them.
+        "auto.offset.reset": "error",
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 1000,
         "topic.metadata.refresh.interval.ms": 5000,
@@ -75,6 +82,18 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
     # User settings (security.protocol, sasl.*, ssl.*, ...) pass through unchanged and win.
     config.update(settings.consumer_config())
     return config
+
+
+def _out_of_range(message: Message, error: KafkaError) -> OffsetOutOfRangeError:
+    topic, partition, offset = _coordinates(message)
+    at = f"offset {offset}" if offset >= 0 else "its offset"
+    return OffsetOutOfRangeError(
+        f"{topic}[{partition}]: bronze resumes this partition at {at}, which the topic's log no longer holds "
+        f"({error.str()}). The records from there were deleted before they were landed (retention, or the topic was "
+        "deleted and created again, or this is another cluster); nothing was skipped and ingest stopped. To go on "
+        "from the earliest offset the topic still holds, accepting the gap, set "
+        "source.consumer.auto.offset.reset: earliest"
+    )
 
 
 def _coordinates(message: Message) -> tuple[str, int, int]:
@@ -232,6 +251,8 @@ class KafkaSource:
                 if error.code() == KafkaError._PARTITION_EOF:
                     eof_at.append((len(batch), _coordinates(message)[:2]))
                     continue
+                if error.code() == KafkaError._AUTO_OFFSET_RESET:
+                    raise _out_of_range(message, error)
                 # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
                 if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
