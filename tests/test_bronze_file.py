@@ -394,6 +394,10 @@ def test_seed_examples_land_typed(lakehouse: Path, source: str) -> None:
     assert source == "mongodb" or "d" in ops
     orders = [r["_cdc_order"] for r in landed if r["op"] is not None]
     assert orders == sorted(orders), f"{source}: positions must increase in stream order"
+    # The seeds' boolean source.snapshot is kept as the text later connectors send (test_fast_path.py: an upgrade).
+    table = load_catalog(settings).load_table(f"bronze.{topic.lower().replace('.', '_')}")
+    assert str(table.schema().find_field("source.snapshot").field_type) == "string"
+    assert {r["source"]["snapshot"] for r in landed if r["source"] is not None} == {"false"}
 
 
 @pytest.mark.filterwarnings("ignore:Merge on read is not yet supported")  # pyiceberg's delete of a whole file

@@ -185,6 +185,34 @@ def test_mixed_topics_in_one_poll() -> None:
     assert_same(records)
 
 
+def upgraded_connector_records(source: str) -> list[RawRecord]:
+    """One topic whose connector is upgraded mid-stream: ``source.snapshot`` a boolean (the seeds' form), then the
+    io.debezium.data.Enum text of later connectors, at the offsets after."""
+    old = build_stream(source, seed=1, n_keys=5, n_changes=10, snapshot_style="seed").records
+    new = build_stream(source, seed=1, n_keys=5, n_changes=10, snapshot_style="enum").records
+    topic = old[0].topic
+    first = [r for r in old if r.topic == topic and r.partition == 0]
+    later = [r for r in new if r.topic == topic and r.partition == 0]
+    return [RawRecord(r.topic, 0, offset, r.timestamp_ms, r.key, r.value) for offset, r in enumerate(first + later)]
+
+
+@pytest.mark.parametrize("source", ["db2", "informix", "oracle", "mongodb"])
+def test_a_boolean_snapshot_flag_and_its_later_text_share_one_column(source: str) -> None:
+    """A boolean source.snapshot is kept as the text later connectors send, so an upgrade changes no column type
+    (a boolean column cannot widen to string: every later record was a dead letter)."""
+    records = upgraded_connector_records(source)
+    tables = assert_same(records)
+    assert DEAD_LETTER_TABLE not in tables
+    ((data, _),) = tables.values()
+    assert data.schema.field("source").type.field("snapshot").type == pa.string()
+    flags = [None if source is None else source["snapshot"] for source in data.column("source").to_pylist()]
+    booleans = [orjson.loads(r.value)["payload"]["source"]["snapshot"] if r.value else None for r in records]
+    assert flags == [("true" if flag else "false") if isinstance(flag, bool) else flag for flag in booleans]
+    assert {"true", "false", "last"} <= set(flags)
+    assert {True, False} <= set(booleans)
+    assert fast_share(records) > 0.8
+
+
 @pytest.mark.parametrize("table", ["customers", "orders"])
 def test_benchmark_envelopes(table: str) -> None:
     envelopes = importlib.import_module("bench.ingest_bench").envelopes

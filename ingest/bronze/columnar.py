@@ -141,6 +141,16 @@ class _Float(Node):
         return array, bad
 
 
+class _SnapshotFlag(Node):
+    """A boolean ``source.snapshot`` as the text later connectors send (see ``types.SNAPSHOT_FLAG``)."""
+
+    raw = pa.bool_()
+    storage = pa.string()
+
+    def convert(self, array: Any) -> tuple[Any, Mask]:
+        return pc.if_else(array, "true", "false"), None
+
+
 class _PerValue(Node):
     """A conversion only Python does exactly (base64, ISO strings): the reference's own function, per value."""
 
@@ -420,6 +430,8 @@ def node_for(schema: Any, variable_scale: int, depth: int = 0) -> Node:
         return _Timestamp(1, 1000)
     if name in connect._TS_ZONED:
         return _Zoned()
+    if name == connect.SNAPSHOT_FLAG:
+        return _SnapshotFlag()
     if kind in _INT_RAW:
         return _Same(_INT_RAW[kind], _INT_STORAGE[kind])
     if kind in ("float", "float32"):
@@ -544,7 +556,7 @@ def make_plan(
         if value_schema is not None:
             if value_schema.get("type") != "struct":
                 raise _IneligibleError
-            value = _Struct(_struct_fields(value_schema, variable_scale, 0))
+            value = _Struct(_struct_fields(connect.with_snapshot_as_text(value_schema), variable_scale, 0))
             value_fields = {name: index for index, (name, _, _) in enumerate(value.fields)}
             if _RESERVED & value_fields.keys() or "op" not in value_fields or "source" not in value_fields:
                 raise _IneligibleError

@@ -26,6 +26,7 @@ from ingest.debezium.types import (
     json_text,
     struct_converter,
     struct_fields,
+    with_snapshot_as_text,
 )
 from ingest.errors import DecodeError
 
@@ -126,6 +127,7 @@ class RowBuilder:
         if value_schema is not None:
             if value_schema.get("type") != "struct":
                 raise DecodeError("value schema is not a struct")
+            value_schema = with_snapshot_as_text(value_schema)
             fields += struct_fields(value_schema, variable_scale=scale)
             value_conv = struct_converter(value_schema, variable_scale=scale)
         compiled = (pa.schema(fields), key_conv, value_conv)

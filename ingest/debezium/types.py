@@ -32,6 +32,10 @@ _TS_MS = {"org.apache.kafka.connect.data.Timestamp", "io.debezium.time.Timestamp
 _TS_US = {"io.debezium.time.MicroTimestamp"}
 _TS_NS = {"io.debezium.time.NanoTimestamp"}
 _TS_ZONED = {"io.debezium.time.ZonedTimestamp", "io.debezium.time.IsoTimestamp"}
+# `source.snapshot` is a boolean in the seeds and early connectors, the io.debezium.data.Enum text ("true", "last",
+# "false", ...) since. Bronze keeps the text for both, so a connector upgrade does not make every later record of a
+# table a dead letter (a boolean column cannot widen to string). The name marks such a boolean in a value schema.
+SNAPSHOT_FLAG = "cdclake.SnapshotFlag"
 
 _INT_RANGES = {
     "int8": (-(2**7), 2**7 - 1),
@@ -90,6 +94,8 @@ def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataTy
         return pa.timestamp("us")
     if name in _TS_ZONED:
         return pa.timestamp("us", tz="UTC")
+    if name == SNAPSHOT_FLAG:
+        return pa.string()
     if kind in ("int8", "int16", "int32"):
         return pa.int32()
     if kind == "int64":
@@ -113,6 +119,26 @@ def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataTy
     if kind == "struct":
         return pa.struct(struct_fields(schema, variable_scale=variable_scale))
     raise DecodeError(f"unsupported Connect schema type {kind!r} (name {name!r})")
+
+
+def with_snapshot_as_text(value_schema: dict[str, Any]) -> dict[str, Any]:
+    """The envelope's value schema as bronze types it: a boolean ``source.snapshot`` marked SNAPSHOT_FLAG (stored
+    as "true"/"false"). The schema itself when there is none; never changed in place (schemas are shared)."""
+    fields = value_schema.get("fields")
+    if not isinstance(fields, list):
+        return value_schema
+    for index, item in enumerate(fields):
+        if not (isinstance(item, dict) and item.get("field") == "source" and isinstance(item.get("fields"), list)):
+            continue
+        source_fields = item["fields"]
+        for inner, flag in enumerate(source_fields):
+            if isinstance(flag, dict) and flag.get("field") == "snapshot" and flag.get("type") == "boolean":
+                marked = [*source_fields]
+                marked[inner] = {**flag, "name": SNAPSHOT_FLAG}
+                new_fields = [*fields]
+                new_fields[index] = {**item, "fields": marked}
+                return {**value_schema, "fields": new_fields}
+    return value_schema
 
 
 def struct_fields(schema: dict[str, Any], *, variable_scale: int = 10) -> list[pa.Field]:
@@ -164,6 +190,12 @@ def _bool(value: Any, path: str) -> Any:
     if type(value) is not bool:
         raise _fail(path, "boolean", value)
     return value
+
+
+def _snapshot_flag(value: Any, path: str) -> Any:
+    if type(value) is not bool:
+        raise _fail(path, "boolean", value)
+    return "true" if value else "false"
 
 
 def _string(value: Any, path: str) -> Any:
@@ -321,6 +353,8 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
         inner = _micros_timestamp(1, 1000)
     elif name in _TS_ZONED:
         inner = _zoned_timestamp
+    elif name == SNAPSHOT_FLAG:
+        inner = _snapshot_flag
     elif kind in _INT_RANGES:
         inner = _int(kind)
     elif kind in ("float", "float32"):
