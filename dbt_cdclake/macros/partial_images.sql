@@ -247,11 +247,13 @@ events as (
 segmented as (
   select *,
     sum(case when _cdc_full then 1 else 0 end) over (partition by {{ partition | join(', ') }} order by _cdc_pos rows between unbounded preceding and current row) as _cdc_segment,
-    max(_cdc_pos) over (partition by {{ partition | join(', ') }}) as _cdc_last
+    max(_cdc_pos) over (partition by {{ partition | join(', ') }}) as _cdc_last,
+    {#- The newest prior state (silver's row, a tombstone, a truncate): a change older than it cannot apply. -#}
+    max(case when _cdc_pos.p = 0 then _cdc_pos end) over (partition by {{ partition | join(', ') }}) as _cdc_floor
   from events
 ),
 folded as (
-  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last,
+  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor,
     {%- if layout.document %}
     _cdc_doc,
     first_value(_cdc_doc) over segment as _cdc_base,
@@ -295,14 +297,20 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
 
 
 {#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win), unless
-    `every` (history, soft deletes). `placeholders`: documents fold unavailable-value placeholders, and one with no
-    earlier value stays without one (as in typed images: last_value over nulls) instead of failing the run. -#}
+    `every` (history, soft deletes). An update without a document before it fails the run, unless it is older than
+    the key's prior state (a replay after a Debezium restart): it cannot apply, and its image is left null.
+    `placeholders`: documents fold unavailable-value placeholders, and one with no earlier value stays without one
+    (as in typed images: last_value over nulls) instead of failing the run. -#}
 {% macro folded_image_sql(layout, fields, every, placeholders=false) -%}
   {%- if layout.document -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
-      case when {{ 'false' if placeholders else '_cdc_base is null' }} then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
+      case
+        {%- if not placeholders %}
+        when _cdc_base is null and _cdc_pos < _cdc_floor then null
+        when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
+        {%- endif %}
         else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},
           (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }}) end
   end
