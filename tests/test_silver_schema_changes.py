@@ -144,3 +144,52 @@ def test_a_widened_key_type_widens_silver_and_its_tombstones(harness: SilverHarn
         types = {r["col_name"]: r["data_type"] for r in harness.spark.sql(f"describe table silver.{table}").collect()}
         assert types["id"] == "bigint", table
     assert harness.rows(f"silver.{topic.table}__cdc_tombstones", "id", "id") == [{"id": 1}, {"id": 2}]
+
+
+WIDE = 30  # DESCRIBE shows a struct's first 24 fields only (spark.sql.debug.maxToStringFields, 25 by default)
+
+
+def land_wide(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, last_type: str) -> None:
+    """Land ``changes`` with ``WIDE`` more int columns f0.. in the row (f<i> = key * 10 + i), the last one of type
+    ``last_type``; the key 7's last column holds 3,000,000,000 (beyond int) when it is int64."""
+    last = f"f{WIDE - 1}"
+    lines = topic.records(changes)
+    for line in lines:
+        if line["payload"] is None:
+            continue
+        record = orjson.loads(line["payload"])
+        for field in record["schema"]["fields"]:
+            if field["field"] in ("before", "after"):
+                extra = [{"type": "int32", "optional": True, "field": f"f{i}"} for i in range(WIDE)]
+                extra[-1]["type"] = last_type
+                field["fields"] = [*field["fields"], *extra]
+        for image in ("before", "after"):
+            row = record["payload"][image]
+            if row is not None:
+                row.update({f"f{i}": row["id"] * 10 + i for i in range(WIDE)})
+                if row["id"] == 7 and last_type == "int64":
+                    row[last] = 3_000_000_000
+        line["payload"] = orjson.dumps(record).decode()
+    harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
+
+
+def test_a_widened_type_beyond_describes_field_limit_widens_silver(harness: SilverHarness, tmp_path: Path) -> None:
+    """A column past the 24th of the row widened at the source (int -> bigint): silver follows, as for any column.
+    Spark's DESCRIBE cut the row's type short there, so the run saw no change and silver kept int: the next
+    value beyond int's range failed the run (a float widened to double would have been rounded silently)."""
+    topic = harness.topic("wide")
+    last = f"f{WIDE - 1}"
+    land_wide(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "int32")
+    harness.write_model(topic)
+    assert harness.build(topic)
+    land_wide(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 7, 4, "g")], tmp_path, "int64")
+    assert harness.build(topic)
+    types = {r["col_name"]: r["data_type"] for r in harness.spark.sql(f"describe table silver.{topic.table}").collect()}
+    assert types[last] == "bigint"
+    assert types["f0"] == "int"
+    rows = harness.rows(f"silver.{topic.table}", f"id, v, f0, {last}", "id")
+    assert [(r["id"], r["v"], r["f0"], r[last]) for r in rows] == [
+        (1, "a2", 10, 10 + WIDE - 1),
+        (2, "b", 20, 20 + WIDE - 1),
+        (7, "g", 70, 3_000_000_000),
+    ]

@@ -11,9 +11,13 @@
 {%- endmacro %}
 
 
+{#- Column name -> Spark type text. DESCRIBE cuts a struct's type after spark.sql.debug.maxToStringFields fields
+    (25 by default): a change past them (a widened column of a wide row) would not show. The setting only shortens
+    debug and plan strings, so it is raised for the session. -#}
 {% macro describe_columns(relation) -%}
   {%- set types = {} -%}
   {%- if not execute %}{{ return(types) }}{% endif -%}
+  {% do run_query('set spark.sql.debug.maxToStringFields = 1000000') %}
   {%- for row in run_query('describe table ' ~ relation).rows -%}
     {%- if row[0] and not row[0].startswith('#') and row[0] not in types -%}{% do types.update({row[0]: row[1]}) %}{%- endif -%}
     {%- if row[0] and row[0].startswith('#') %}{% break %}{% endif -%}
