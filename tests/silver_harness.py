@@ -149,25 +149,29 @@ class Topic:
     def expected_history(self, soft: bool = False) -> list[Version]:
         """Reference model for history='scd2': every version of each key over everything landed.
 
-        A replay (same key, position, op and image) counts once, at its first offset. Versions are ordered by
-        (position, op rank, offset); each is valid until the key's next event. A truncate ends the versions open
-        at it. Deletes and truncates are rows of their own (markers) only with soft deletes.
+        Versions are ordered by (position, op rank, offset). A replay (the key's event just before it has the same
+        position, op and image) counts once, at its first offset; A, B, A at one position are three versions.
+        Each is valid until the key's next event. A truncate ends the versions open at it. Deletes and truncates
+        are rows of their own (markers) only with soft deletes.
         """
-        first: dict[tuple[int, int, str, str | None], int] = {}
-        for change, offset in self.landed:
-            if change.op != "t":
-                identity = (change.id, change.lsn, change.op, change.v)
-                first[identity] = min(offset, first.get(identity, offset))
         truncates: dict[int, int] = {}
         for change, offset in self.landed:
             if change.op == "t":
                 truncates[change.lsn] = min(offset, truncates.get(change.lsn, offset))
+        landed: dict[int, list[tuple[tuple[int, int, int], str, str | None]]] = {}
+        for change, offset in self.landed:
+            if change.op != "t":
+                landed.setdefault(change.id, []).append(((change.lsn, OP_RANK[change.op], offset), change.op, change.v))
         events: dict[int, list[tuple[tuple[int, int, int], str, str | None]]] = {}
-        for (key, lsn, op, v), offset in first.items():
-            events.setdefault(key, []).append(((lsn, OP_RANK[op], offset), op, v))
+        for key, all_events in landed.items():
+            all_events.sort()
+            events[key] = [
+                event
+                for index, event in enumerate(all_events)
+                if index == 0 or (all_events[index - 1][0][:2], all_events[index - 1][1:]) != (event[0][:2], event[1:])
+            ]
         rows: list[Version] = []
         for key, history in events.items():
-            history.sort()
             for lsn, offset in sorted(truncates.items()):
                 position = (lsn, OP_RANK["t"], offset)
                 before = [event for event in history if event[0] < position]

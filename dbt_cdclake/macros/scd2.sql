@@ -9,8 +9,8 @@
   each such key.
 
   Each run recomputes the history of the keys the unit of work touches, from their stored rows plus the new
-  changes: duplicates (same position and op, same image: replays) collapse to the copy already stored (else the
-  first landed), late changes fall into place, and the stored rows that change (a closed interval, a row to drop)
+  changes: duplicates (an event with the same position, op and image as the key's event before it: replays)
+  collapse to the copy already stored (else the first landed), late changes fall into place, and the stored rows that change (a closed interval, a row to drop)
   are updated in one MERGE; inserts go in the same MERGE. Untouched keys are not rewritten.
 -#}
 
@@ -97,12 +97,15 @@ events as (
   {%- endif %}
 ),
 copies as (
-  {#- a replay: same position and op, same image (offsets differ); keep the stored copy, else the first landed -#}
-  select *, row_number() over (
-      partition by {{ by_key }}, _cdc_order, _cdc_op,
-        to_json(named_struct('v', ''{% for column in values %}, 'c{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}))
-      order by {{ stored_first }}) as _cdc_copy
-  from events
+  {#- a replay: the same position, op and image as the key's event just before it (offsets differ): a version that
+      changes nothing; the first of such a run stays (a stored row, as it sorts first). Not any earlier event of
+      that image: A, B, A at one position (a transaction without transaction metadata) ends at A. -#}
+  select *, case when lag(_cdc_identity) over (partition by {{ by_key }} order by {{ in_order }}, {{ stored_first }}) <=> _cdc_identity then 2 else 1 end as _cdc_copy
+  from (
+    select *, named_struct('o', _cdc_order, 'op', _cdc_op,
+        'v', to_json(named_struct('v', ''{% for column in values %}, 'c{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}))) as _cdc_identity
+    from events
+  ) identified
 ),
 records as (
   {#- the same record (offset too) read twice, e.g. a unit of work re-read after a failed run -#}
