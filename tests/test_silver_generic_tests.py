@@ -104,16 +104,33 @@ def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: 
     good = harness.silver_snapshot(topic)
     current = "_cdc_is_current" if CONFIGS[name][0] == "scd2" else "true"
     rows = harness.spark.table(table).where(f"id = 1 and {current}")
-    corruptions: dict[str, Callable[[], object]] = {
+    corruptions: list[tuple[str, Callable[[], object]]] = [
         # a key twice
-        "cdclake_keys_unique": lambda: rows.writeTo(table).append(),
+        ("cdclake_keys_unique", lambda: rows.writeTo(table).append()),
         # a live key lost
-        "cdclake_equals_recompute": lambda: harness.spark.sql(f"delete from {table} where id = 4").collect(),
+        ("cdclake_equals_recompute", lambda: harness.spark.sql(f"delete from {table} where id = 4").collect()),
         # key 7, whose latest change in bronze is a delete, present as a live row
-        "cdclake_no_deleted_keys": lambda: rows.withColumn("id", F.lit(7)).writeTo(table).append(),
-    }
+        ("cdclake_no_deleted_keys", lambda: rows.withColumn("id", F.lit(7)).writeTo(table).append()),
+    ]
+    if current != "true":
+        # key 4's first version (12 -> 13) ending after the next one starts; then left open though not current
+        corruptions += [
+            (
+                "cdclake_keys_unique",
+                lambda: harness.spark.sql(
+                    f"update {table} set _cdc_valid_to = transform(_cdc_valid_to, x -> x + 100) "
+                    "where id = 4 and _cdc_valid_from[0] = 12"
+                ).collect(),
+            ),
+            (
+                "cdclake_keys_unique",
+                lambda: harness.spark.sql(
+                    f"update {table} set _cdc_valid_to = null where id = 4 and _cdc_valid_from[0] = 12"
+                ).collect(),
+            ),
+        ]
     try:
-        for test, corruption in corruptions.items():
+        for test, corruption in corruptions:
             corruption()
             assert test in failed_tests(harness, topic), f"{test} did not fail on a silver table it should reject"
             harness.spark.sql(f"call lake.system.rollback_to_snapshot('{table}', {good})")

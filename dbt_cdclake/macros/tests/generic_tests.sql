@@ -10,24 +10,42 @@
   {%- set current = '_cdc_is_current' if '_cdc_is_current' in columns else 'true' -%}
   {%- set live = current ~ (' and _cdc_deleted is not true' if '_cdc_deleted' in columns else '') -%}
   {{ return({'current': current, 'live': live, 'history': '_cdc_is_current' in columns,
+             'deleted': '_cdc_deleted' in columns,
              'order': '_cdc_valid_from' if '_cdc_valid_from' in columns else '_cdc_order'}) }}
 {%- endmacro %}
 
 
-{#- Each key appears once in silver (in a history table: once among the current rows, and each version once). -#}
+{#- Each key appears once in silver (in a history table: once among the current rows, each version once, and a
+    key's versions follow one another: each ends where the next starts, or before it where a hard delete or a
+    truncate ended it; only the last may be open, and open is current). -#}
 {% test cdclake_keys_unique(model, keys) %}
   {%- set shape = cdclake.silver_shape(model) -%}
-  select 'key in more than one current row' as problem, {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
+  {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
+  select 'key in more than one current row' as problem, {{ by_key }}, count(*) as copies
   from {{ model }}
   where {{ shape.current }}
-  group by {% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
+  group by {{ by_key }}
   having count(*) > 1
   {%- if shape.history %}
   union all
-  select 'version stored more than once' as problem, {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}count(*) as copies
+  select 'version stored more than once' as problem, {{ by_key }}, count(*) as copies
   from {{ model }}
-  group by {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_valid_from, _cdc_op, _cdc_offset
+  group by {{ by_key }}, _cdc_valid_from, _cdc_op, _cdc_offset
   having count(*) > 1
+  union all
+  select 'versions overlap or an open version is not current' as problem, {{ by_key }}, count(*) as copies
+  from (
+    select {{ by_key }}, _cdc_valid_to, _cdc_is_current,
+      lead(_cdc_valid_from) over (partition by {{ by_key }} order by _cdc_valid_from, {{ cdclake.op_rank('_cdc_op') }}, _cdc_offset) as _cdc_next_from
+    from {{ model }}
+  ) versions
+  where _cdc_is_current <> (_cdc_valid_to is null)
+    or (_cdc_next_from is not null and not coalesce(_cdc_valid_to <= _cdc_next_from, false))
+    {%- if shape.deleted %}
+    {#- soft deletes: deletes and truncates are versions too, so each version ends where the next starts #}
+    or not (_cdc_valid_to <=> _cdc_next_from)
+    {%- endif %}
+  group by {{ by_key }}
   {%- endif %}
 {% endtest %}
 
