@@ -780,13 +780,13 @@ class Pipeline:
                 if self.flush_due():
                     self._flush(wait=False)
                 self._finish_commit(block=False)
+                self._update_lag()  # also on the last pass of --once: the end-of-partition events moved positions
                 if not records and self.source.caught_up():
                     self.metrics.progress()
                     if once:
                         break
                 if self.on_progress is not None:
                     self.on_progress(self.stats)
-                self._update_lag()
             self.flush()
         finally:
             self._stop_threads()

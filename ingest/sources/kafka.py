@@ -241,7 +241,7 @@ class KafkaSource:
         messages = self._consumer.consume(num_messages=max_records, timeout=timeout_s)
         batch: list[RawRecord] = []
         append = batch.append
-        eof_at: list[tuple[int, tuple[str, int]]] = []  # (records before it, partition) of each end-of-partition event
+        eof_at: list[tuple[int, tuple[str, int], int]] = []  # (records before it, partition, offset) of each end event
         # The hot loop of the read stage, once per message: the accessor calls and one tuple, nothing else
         # (tuple.__new__ directly: a named tuple's own __new__ is a Python function, ~40% of building one).
         new = tuple.__new__
@@ -249,7 +249,8 @@ class KafkaSource:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
-                    eof_at.append((len(batch), _coordinates(message)[:2]))
+                    topic, partition, end = _coordinates(message)
+                    eof_at.append((len(batch), (topic, partition), end))
                     continue
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:
                     raise _out_of_range(message, error)
@@ -276,9 +277,10 @@ class KafkaSource:
         self._note_positions(batch, eof_at)
         return batch
 
-    def _note_positions(self, batch: list[RawRecord], eof_at: list[tuple[int, tuple[str, int]]]) -> None:
-        """After a poll: each partition's next offset (its last record's + 1), and which partitions are at their end
-        (an end-of-partition event with no record of that partition after it)."""
+    def _note_positions(self, batch: list[RawRecord], eof_at: list[tuple[int, tuple[str, int], int]]) -> None:
+        """After a poll: each partition's next offset (its last record's + 1, or where an end-of-partition event after
+        it says the partition ends: past the commit markers of a transactional producer, which take an offset and
+        are never delivered), and which partitions are at their end (such an event with no record after it)."""
         last: dict[tuple[str, int], int] = {}  # partition -> position of its last record in the batch
         wanted = len(self._assigned)
         for position in range(len(batch) - 1, -1, -1):  # from the end: usually a few records find every partition
@@ -291,9 +293,11 @@ class KafkaSource:
                     break
         for tp in last:
             self._at_eof.discard(tp)
-        for before, tp in eof_at:
+        for before, tp, end in eof_at:
             if last.get(tp, -1) < before:
                 self._at_eof.add(tp)
+                if end > self._positions.get(tp, -1):
+                    self._positions[tp] = end
 
     @property
     def assignment(self) -> frozenset[tuple[str, int]]:
