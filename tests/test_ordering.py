@@ -32,8 +32,15 @@ def test_oracle_commit_scn_then_scn() -> None:
     second = ordering({"connector": "oracle", "commit_scn": "2122185", "scn": "2122190"})
     assert first < second
     snapshot = ordering({"connector": "oracle", "scn": "2122000"})
-    assert snapshot == [MISSING, 2122000, MISSING]
+    assert snapshot == [2122000, 2122000, MISSING]  # a snapshot read shows what was committed up to its scn
     assert snapshot < first
+    # A snapshot taken again later (to repair a table after a gap) is newer than the streamed changes before it:
+    # with -1 for its missing commit_scn it lost to all of them, and the repair changed nothing in silver.
+    again = ordering({"connector": "oracle", "scn": "5000000"})
+    assert again > second
+    # A transaction that began before the snapshot and committed after it is newer than the snapshot.
+    straddling = ordering({"connector": "oracle", "commit_scn": "5000010", "scn": "4999000"})
+    assert again < straddling
 
 
 @pytest.mark.parametrize(

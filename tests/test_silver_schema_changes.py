@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from ingest import status
+from ingest.lakehouse import load_catalog
 from tests.silver_harness import Change, SilverHarness, Topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -149,10 +151,12 @@ def test_a_widened_key_type_widens_silver_and_its_tombstones(harness: SilverHarn
 WIDE = 30  # DESCRIBE shows a struct's first 24 fields only (spark.sql.debug.maxToStringFields, 25 by default)
 
 
-def land_wide(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, last_type: str) -> None:
-    """Land ``changes`` with ``WIDE`` more int columns f0.. in the row (f<i> = key * 10 + i), the last one of type
+def land_wide(
+    harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, last_type: str, wide: int = WIDE
+) -> None:
+    """Land ``changes`` with ``wide`` more int columns f0.. in the row (f<i> = key * 10 + i), the last one of type
     ``last_type``; the key 7's last column holds 3,000,000,000 (beyond int) when it is int64."""
-    last = f"f{WIDE - 1}"
+    last = f"f{wide - 1}"
     lines = topic.records(changes)
     for line in lines:
         if line["payload"] is None:
@@ -160,13 +164,13 @@ def land_wide(harness: SilverHarness, topic: Topic, changes: list[Change], dumps
         record = orjson.loads(line["payload"])
         for field in record["schema"]["fields"]:
             if field["field"] in ("before", "after"):
-                extra = [{"type": "int32", "optional": True, "field": f"f{i}"} for i in range(WIDE)]
+                extra = [{"type": "int32", "optional": True, "field": f"f{i}"} for i in range(wide)]
                 extra[-1]["type"] = last_type
                 field["fields"] = [*field["fields"], *extra]
         for image in ("before", "after"):
             row = record["payload"][image]
             if row is not None:
-                row.update({f"f{i}": row["id"] * 10 + i for i in range(WIDE)})
+                row.update({f"f{i}": row["id"] * 10 + i for i in range(wide)})
                 if row["id"] == 7 and last_type == "int64":
                     row[last] = 3_000_000_000
         line["payload"] = orjson.dumps(record).decode()
@@ -193,3 +197,25 @@ def test_a_widened_type_beyond_describes_field_limit_widens_silver(harness: Silv
         (2, "b", 20, 20 + WIDE - 1),
         (7, "g", 70, 3_000_000_000),
     ]
+
+
+def test_the_status_of_a_wide_silver_table_reads_metadata_only(
+    harness: SilverHarness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Iceberg keeps column bounds for a table's first 100 columns only, and `_cdc_applied_at` comes last: without
+    its own metrics setting, `cdclake status` read that column of the whole silver table for its freshness."""
+    topic = harness.topic("wide_status")
+    land_wide(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "int32", wide=110)
+    harness.write_model(topic)
+    assert harness.build(topic)
+    silver = load_catalog(harness.settings).load_table(f"silver.{topic.table}")
+    assert len(silver.schema().fields) > 110
+
+    def scan(table: Any, column: str) -> None:
+        raise AssertionError(f"status read column {column} of {table.name()}")
+
+    monkeypatch.setattr(status, "_scan_max_timestamp", scan)
+    applied = status.column_max_timestamp(silver, status.APPLIED_AT_COLUMN)
+    newest = harness.spark.sql(f"select max(_cdc_applied_at) from silver.{topic.table}").collect()[0][0]
+    assert applied is not None
+    assert applied.replace(tzinfo=None) == newest

@@ -714,6 +714,8 @@ def _ordering(
                 component, component_bad = _integer_position(children[name])
                 components.append(component)
                 position_bad = _or(position_bad, component_bad)
+            if distinct[0] == "oracle":  # no commit_scn (a snapshot read): its scn, as ordering._oracle
+                components[0] = pc.if_else(pc.equal(components[0], -1), components[1], components[0])
             if distinct[0] in TRANSACTION_ORDERED:
                 component, component_bad = _total_order(transaction, transaction_node, length)
                 components.append(component)

@@ -79,8 +79,12 @@ def _informix(source: Mapping[str, Any]) -> Position:
 
 
 def _oracle(source: Mapping[str, Any]) -> Position:
-    # commit_scn exists only with LogMiner; scn orders the changes inside a transaction.
-    return [_integer(source, "commit_scn", "oracle"), _integer(source, "scn", "oracle")]
+    # commit_scn exists only with LogMiner; scn orders the changes inside a transaction. A snapshot read has no
+    # commit_scn: it shows every transaction committed up to its scn, so that scn is its commit position too (as -1,
+    # a snapshot taken again to repair a table would lose to every older streamed change).
+    scn = _integer(source, "scn", "oracle")
+    commit_scn = _integer(source, "commit_scn", "oracle")
+    return [scn if commit_scn == MISSING else commit_scn, scn]
 
 
 def _mongodb(source: Mapping[str, Any]) -> Position:
