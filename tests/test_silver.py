@@ -74,6 +74,29 @@ def test_idempotent_reruns_and_replays(harness: SilverHarness, dumps: Path) -> N
     assert harness.silver(topic) == {1: "a2"}
 
 
+@pytest.mark.parametrize("mode", ["hard", "soft"])
+def test_a_replayed_delete_keeps_when_the_key_was_deleted(harness: SilverHarness, dumps: Path, mode: str) -> None:
+    """A delete landed again (Debezium's at-least-once replay: same position, another offset) deleted the deleted key
+    again: its `_cdc_deleted_at` (the tombstone's, or the soft-deleted row's) moved to the replay's run, which also
+    put off the purge after `tombstone_horizon_days`. It is the same delete: nothing changes."""
+    topic = harness.topic(f"replayed_delete_{mode}")
+    config = "delete_mode='soft'" if mode == "soft" else ""
+    table = f"silver.{topic.table}" if mode == "soft" else f"silver.{topic.table}__cdc_tombstones"
+    changes = [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(D, 2, 4)]
+    harness.apply(topic, changes, dumps, config)
+    deleted = harness.rows(table, "id, _cdc_order, _cdc_offset, _cdc_deleted_at", "id")
+    deleted = [row for row in deleted if row["id"] == 2]
+    assert len(deleted) == 1
+    assert deleted[0]["_cdc_deleted_at"] is not None
+    harness.apply(topic, changes[-1:], dumps, config)  # the replay
+    harness.apply(topic, [Change(U, 1, 5, "a2"), *changes[-1:]], dumps, config)  # again, beside a newer change
+    assert [
+        row for row in harness.rows(table, "id, _cdc_order, _cdc_offset, _cdc_deleted_at", "id") if row["id"] == 2
+    ] == deleted
+    live = "not _cdc_deleted" if mode == "soft" else "true"
+    assert harness.silver(topic, live) == {1: "a2"}
+
+
 def test_late_older_changes_never_resurrect_or_overwrite(harness: SilverHarness, dumps: Path) -> None:
     topic = harness.topic("late")
     harness.apply(

@@ -187,7 +187,7 @@ select * from dropped
 {% macro scd2_create_tombstones_sql(tombstones, layout, rows) -%}
   create table {{ tombstones }}
   using iceberg
-  tblproperties ({{ cdclake.silver_table_properties() }}, 'cdclake.history' = 'scd2')
+  tblproperties ({{ cdclake.silver_table_properties(rows=false) }}, 'cdclake.history' = 'scd2')
   as select {% for key in layout.key_columns %}r.{{ cdclake.quote(key) }}, {% endfor %}r._cdc_order, r._cdc_op, r._cdc_offset, r._cdc_source_ts,
     current_timestamp() as _cdc_deleted_at
   from {{ rows }} r

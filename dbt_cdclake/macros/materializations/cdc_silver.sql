@@ -204,6 +204,7 @@
     {%- if batch_schema is defined and batch_schema != previous_batch_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ batch_schema ~ "'") %}{% endif -%}
     {#- A table made before silver_table_properties had it (a property the user set stays). -#}
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
+    {%- if existing is not none and 'write.metadata.metrics.column._cdc_applied_at' not in properties %}{% do updates.append(cdclake.applied_at_metrics()) %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
     {%- if batch_schemas is defined -%}
       {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
@@ -228,15 +229,22 @@
   `write.delete.distribution-mode` 'none': each task scanning silver writes the deletes of the files it read
   (Iceberg's default, 'hash', sends every delete of an unpartitioned table to one task: one core writes them all).
 -#}
-{% macro silver_table_properties() -%}
+{#- `rows`: silver's own table (not its tombstones), whose rows carry _cdc_applied_at. -#}
+{% macro silver_table_properties(rows=true) -%}
   'format-version' = '2',
   'write.delete.mode' = 'merge-on-read',
   'write.update.mode' = 'merge-on-read',
   'write.merge.mode' = 'merge-on-read',
   'write.delete.distribution-mode' = 'none',
-  'write.parquet.compression-codec' = 'zstd',
+  'write.parquet.compression-codec' = 'zstd'
+  {%- if rows %},
   {#- Iceberg keeps column bounds for the first 100 columns only: `cdclake status` reads silver's freshness from
       this one's, the last of a wide table. -#}
+  {{ cdclake.applied_at_metrics() }}
+  {%- endif %}
+{%- endmacro %}
+
+{% macro applied_at_metrics() -%}
   'write.metadata.metrics.column._cdc_applied_at' = 'truncate(16)'
 {%- endmacro %}
 
@@ -371,7 +379,7 @@
 {% macro create_tombstones_sql(tombstones, layout, winners, after_truncate) -%}
   create table {{ tombstones }}
   using iceberg
-  tblproperties ({{ cdclake.silver_table_properties() }})
+  tblproperties ({{ cdclake.silver_table_properties(rows=false) }})
   as select {% for key in layout.key_columns %}w.{{ cdclake.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
     current_timestamp() as _cdc_deleted_at
   from {{ winners }} w
@@ -560,9 +568,10 @@
   ) t on {{ cdclake.key_match(keys, 's', 't') }}
   {%- if delete_mode == 'hard' %}
   left join (
-    select {{ hint }} distinct {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}true as _cdc_found
+    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}max({{ cdclake.position('b') }}) as _cdc_position, true as _cdc_found
     from {{ tombstones }} b
     left semi join (select {{ input_keys }}) k on {{ cdclake.key_match(keys, 'b', 'k') }}
+    group by {% for key in keys %}b.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   ) bx on {{ cdclake.key_match(keys, 's', 'bx') }}
   left join (
     select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}max({{ cdclake.position('b') }}) as _cdc_position, true as _cdc_found
@@ -572,8 +581,14 @@
   ) b on {{ cdclake.key_match(keys, 's', 'b') }}
   {%- endif %}
   where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }})
-  {%- if delete_mode == 'hard' %}
+  {#- A delete of a key deleted at its position already, at another offset (a replay), is that delete: nothing to do
+      (applied again, it would move the delete's _cdc_deleted_at, and with it the tombstone horizon). The same
+      record read again is applied (see "a delete at its tombstone's position" in docs/silver.md). -#}
+  {%- if delete_mode == 'soft' %}
+    and not (s._cdc_op = 'd' and t._cdc_op <=> 'd' and s._cdc_order = t._cdc_order and s._cdc_offset <> t._cdc_offset)
+  {%- else %}
     and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = b._cdc_position))
+    and not (s._cdc_op = 'd' and s._cdc_order <=> bx._cdc_position.o and s._cdc_offset <> bx._cdc_position.f)
   {%- endif %}
   {%- if truncate is not none %}
     and {{ cdclake.position('s') }} > {{ truncate.literal }}
