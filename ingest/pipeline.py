@@ -25,7 +25,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from ingest.bronze.columnar import BatchDecoder, Group
-from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row, dead_lettered_offsets
+from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row, dead_lettered_offsets, landed_up_to
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.rows import Layout, RowBuilder
@@ -213,14 +213,21 @@ class Pipeline:
         return committed
 
     def resolve(self, topic: str, partition: int) -> int | None:
-        """Where a partition resumes: the offset its bronze table committed (fresh from the catalog)."""
+        """Where a partition resumes: the offset its bronze table committed (fresh from the catalog), past the run of
+        dead letters that follows it (the data table's offset moves only with a record of its own: resuming before
+        dead letters a topic's retention has deleted since would look like records lost)."""
         with self._lock:
             self._finish_commit()  # a commit in flight first
             name = self.table_for(topic)
             self._load_table_state(name)
             self._load_table_state(DEAD_LETTER_TABLE)
-            self._dead_letter_window.pop((topic, partition), None)
-            return self._committed[name].get((topic, partition))
+            tp = (topic, partition)
+            self._dead_letter_window.pop(tp, None)
+            offset = self._committed[name].get(tp)
+            dead_offset = self._offsets(DEAD_LETTER_TABLE).get(tp)
+            if offset is None or dead_offset is None or dead_offset <= offset:
+                return offset
+            return landed_up_to(self.tables.load(DEAD_LETTER_TABLE), tp, offset, dead_offset)
 
     def _dead_lettered(self, tp: tuple[str, int], offset: int) -> bool:
         """Whether the dead-letter table holds this record. Only a record below its offsets can be there: one read

@@ -26,7 +26,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from ingest.bronze.dead_letters import dead_lettered_offsets
+from ingest.bronze.dead_letters import dead_lettered_offsets, landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
@@ -404,7 +404,7 @@ def collect_status(
         last_commit, last_from = last_ingest_commit(table)
         current = table.current_snapshot()
         offsets = {
-            tp: _landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset))
+            tp: landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset))
             for tp, offset in decode_offsets(table.properties.get(OFFSETS_PROPERTY)).items()
         }
         # A partition whose every record so far was a dead letter has no offset in the data table: it is where the
@@ -466,19 +466,6 @@ def _dead_letters_landed_up_to(dead_table: Table | None, tp: tuple[str, int], de
     (a topic's retention may have cut earlier offsets), as _landed_up_to counts them."""
     held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
     offset = min(held, default=dead_offset)
-    while offset in held:
-        offset += 1
-    return offset
-
-
-def _landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
-    """Where a partition's landed records end: the data table's offset moves only with a record of its own, so past
-    it come the records the dead-letter table holds (a partition whose latest records were dead letters has no lag).
-    Only a run of consecutive ones: records the dead-letter commit's flush did not get into the data table (its
-    commit failed after the dead letters') are not landed."""
-    if dead_table is None or dead_offset <= offset:
-        return offset
-    held = dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset)
     while offset in held:
         offset += 1
     return offset

@@ -268,7 +268,7 @@ folded as (
 )
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
@@ -297,18 +297,21 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
 
 
 {#- The folded `after` of a unit row. Current state folds only each key's last change (the one that can win), unless
-    `every` (history, soft deletes). An update without a document before it fails the run, unless it is older than
-    the key's prior state (a replay after a Debezium restart): it cannot apply, and its image is left null.
+    `every` (history, soft deletes). An update without a document before it fails the run, unless, in current state
+    (`current_state`), it is older than the key's prior state (a replay after a Debezium restart): it cannot apply,
+    and its image is left null. (A history keeps a late update as a version: it must fold.)
     `placeholders`: documents fold unavailable-value placeholders, and one with no earlier value stays without one
     (as in typed images: last_value over nulls) instead of failing the run. -#}
-{% macro folded_image_sql(layout, fields, every, placeholders=false) -%}
+{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true) -%}
   {%- if layout.document -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
       case
-        {%- if not placeholders %}
+        {%- if not placeholders and current_state %}
         when _cdc_base is null and _cdc_pos < _cdc_floor then null
+        {%- endif %}
+        {%- if not placeholders %}
         when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
         {%- endif %}
         else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},

@@ -59,3 +59,17 @@ def dead_lettered_offsets(table: Table, topic: str, partition: int, low: int, hi
     )
     offsets = table.scan(row_filter=condition, selected_fields=("_cdc_offset",)).to_arrow()["_cdc_offset"]
     return set(offsets.to_pylist())
+
+
+def landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
+    """Where a partition's landed records end: the data table's offset moves only with a record of its own, so past
+    it come the records the dead-letter table holds (a partition whose latest records were dead letters has no lag,
+    and resumes after them: a topic's retention may have deleted them since). Only a run of consecutive ones:
+    records the dead-letter commit's flush did not get into the data table (its commit failed after the dead
+    letters') are not landed."""
+    if dead_table is None or dead_offset <= offset:
+        return offset
+    held = dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset)
+    while offset in held:
+        offset += 1
+    return offset

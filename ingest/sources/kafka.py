@@ -84,15 +84,24 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
     return config
 
 
-def _out_of_range(message: Message, error: KafkaError) -> OffsetOutOfRangeError:
-    topic, partition, offset = _coordinates(message)
-    at = f"offset {offset}" if offset >= 0 else "its offset"
+def _out_of_range(
+    message: Message, error: KafkaError, start: int | None, position: int | None
+) -> OffsetOutOfRangeError:
+    """``start``: where the partition was assigned from (None: the beginning); ``position``: its next offset, once
+    records of it were read."""
+    topic, partition, _ = _coordinates(message)
+    if position is not None:  # read for a while: retention deleted records before they were read
+        where = f"ingest reads this partition at offset {position}, which the topic's log no longer holds"
+    elif start is None:  # read from the beginning: retention moved the log's start while the client looked it up
+        where = "this partition holds no offset in bronze, and the topic's log start moved while it was read"
+    else:
+        where = f"bronze resumes this partition at offset {start}, which the topic's log no longer holds"
     return OffsetOutOfRangeError(
-        f"{topic}[{partition}]: bronze resumes this partition at {at}, which the topic's log no longer holds "
-        f"({error.str()}). The records from there were deleted before they were landed (retention, or the topic was "
-        "deleted and created again, or this is another cluster); nothing was skipped and ingest stopped. To go on "
-        "from the earliest offset the topic still holds, accepting the gap, set "
-        "source.consumer.auto.offset.reset: earliest"
+        f"{topic}[{partition}]: {where} ({error.str()}). The records from there were deleted before they were "
+        "landed (retention, or the topic was deleted and created again, or this is another cluster); nothing was "
+        "skipped and ingest stopped (on a transactional topic idle longer than its retention, the one offset "
+        "missing can be a commit marker: see operations.md). To go on from the earliest offset the topic still "
+        "holds, accepting the gap, set source.consumer.auto.offset.reset: earliest"
     )
 
 
@@ -116,6 +125,7 @@ class KafkaSource:
         self._assigned: set[tuple[str, int]] = set()
         self._at_eof: set[tuple[str, int]] = set()
         self._positions: dict[tuple[str, int], int] = {}
+        self._starts: dict[tuple[str, int], int | None] = {}  # where each assigned partition started (None: beginning)
         self._started_at = 0.0
         self._assigned_once = False
         self._assignment_changed_at = 0.0
@@ -164,6 +174,8 @@ class KafkaSource:
             start = self._resolve(partition.topic, partition.partition)
             partition.offset = OFFSET_BEGINNING if start is None else start
             tp = (partition.topic, partition.partition)
+            self._starts[tp] = start
+            self._positions.pop(tp, None)
             self._assigned.add(tp)
             self._at_eof.discard(tp)
             log.info("assigned %s[%d] from offset %s", tp[0], tp[1], "beginning" if start is None else start)
@@ -253,7 +265,8 @@ class KafkaSource:
                     eof_at.append((len(batch), (topic, partition), end))
                     continue
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:
-                    raise _out_of_range(message, error)
+                    tp = _coordinates(message)[:2]
+                    raise _out_of_range(message, error, self._starts.get(tp), self._positions.get(tp))
                 # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
                 if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
