@@ -484,9 +484,9 @@ def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.dateti
             if part.log_start is not None:
                 problems.append(
                     f"{part.topic}[{part.partition}]: the log starts at offset {part.log_start}, after bronze's next "
-                    f"offset {part.next_offset}: {part.log_start - part.next_offset} record(s) were deleted before "
-                    "they were landed (ingest stops there until source.consumer.auto.offset.reset: earliest accepts "
-                    "the gap)"
+                    f"offset {part.next_offset}: {part.log_start - part.next_offset} offset(s) were deleted before "
+                    "they were landed (records, or a transactional producer's commit marker; ingest stops there "
+                    "until source.consumer.auto.offset.reset: earliest accepts the gap)"
                 )
         if table.last_commit is None:
             problems.append(f"{table.table}: no ingest commit found")

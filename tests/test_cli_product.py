@@ -415,8 +415,9 @@ def test_records_deleted_before_they_were_landed_are_a_problem(lakehouse: Path) 
     [part] = status.tables[0].partitions
     assert (part.next_offset, part.lag, part.log_start) == (3, 6, 7)
     assert stale_problems(status, 3600) == [
-        "i.s.t[0]: the log starts at offset 7, after bronze's next offset 3: 4 record(s) were deleted before they "
-        "were landed (ingest stops there until source.consumer.auto.offset.reset: earliest accepts the gap)"
+        "i.s.t[0]: the log starts at offset 7, after bronze's next offset 3: 4 offset(s) were deleted before they "
+        "were landed (records, or a transactional producer's commit marker; ingest stops there until "
+        "source.consumer.auto.offset.reset: earliest accepts the gap)"
     ]
     assert status_document(status, 3600, stale_problems(status, 3600))["tables"][0]["offsets"][0]["log_start"] == 7
 
