@@ -304,18 +304,23 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     (as in typed images: last_value over nulls) instead of failing the run. -#}
 {% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true) -%}
   {%- if layout.document -%}
+  {%- set fold -%}
+    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},
+      (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})
+  {%- endset -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
+      {%- if placeholders %}
+      {{ fold }}
+      {%- else %}
       case
-        {%- if not placeholders and current_state %}
+        {%- if current_state %}
         when _cdc_base is null and _cdc_pos < _cdc_floor then null
         {%- endif %}
-        {%- if not placeholders %}
         when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
-        {%- endif %}
-        else aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},
-          (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }}) end
+        else {{ fold }} end
+      {%- endif %}
   end
   {%- else -%}
   case when _cdc_row.op = 'u' then named_struct(
