@@ -80,7 +80,8 @@ def maintain(
     """Compact, expire snapshots, remove orphan files and rewrite manifests of every table of a layer.
 
     Offsets survive: the ingester resumes from a table property that every commit carries forward, and the
-    bronze snapshot a silver table has applied is never expired.
+    bronze snapshot a silver table has applied is never expired (while maintenance.keep_silver_position is on, the
+    default).
     """
     from ingest.lakehouse import load_catalog
 
