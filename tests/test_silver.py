@@ -843,3 +843,44 @@ def test_silver_is_format_v2_merge_on_read(harness: SilverHarness, tmp_path: Pat
     delete_files = harness.spark.sql(f"select count(*) as n from silver.{topic.table}.delete_files").collect()[0]["n"]
     assert delete_files >= 1, "the update was applied as a position delete"
     assert harness.silver(topic) == {1: "b"}
+
+
+@pytest.mark.parametrize(
+    ("config", "kept"),
+    [
+        ("columns=['v']", ["id", "v"]),
+        ("columns=['V']", ["id", "v"]),  # Spark's names are case-insensitive; so are these
+        ("exclude_columns=['n']", ["id", "v"]),
+        ("exclude_columns=['N', 'V']", ["id"]),
+    ],
+    ids=["columns", "columns_other_case", "exclude", "exclude_other_case"],
+)
+def test_columns_and_exclude_columns_choose_silvers_image_columns(
+    harness: SilverHarness, dumps: Path, config: str, kept: list[str]
+) -> None:
+    """`columns` keeps only the named image columns (the key always), `exclude_columns` drops the named ones; names
+    match whatever their case (a name in another case used to drop the column silently)."""
+    topic = harness.topic("chosen")
+    harness.apply(
+        topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(U, 1, 3, "a2"), Change(D, 2, 4)], dumps, config
+    )
+    data = [c for c in harness.rows(f"silver.{topic.table}")[0] if not c.startswith("_cdc_")]
+    assert data == kept
+    assert harness.rows(f"silver.{topic.table}", ", ".join(kept), "id") == [
+        {"id": 1, **({"v": "a2"} if "v" in kept else {})}
+    ]
+
+
+@pytest.mark.parametrize("option", ["columns", "exclude_columns"])
+def test_a_column_option_naming_no_column_fails_the_run(harness: SilverHarness, dumps: Path, option: str) -> None:
+    """A name in `columns` or `exclude_columns` that bronze's images do not have (a typo) fails the run with a
+    message naming it and the columns there are, instead of silently keeping or dropping nothing."""
+    topic = harness.topic(f"typo_{option}")
+    harness.land(topic, [Change(C, 1, 1, "a")], dumps)
+    harness.write_model(topic, f"{option}=['v', 'nmae']")
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert not harness.build(topic)
+    message = log.read_bytes()[start:].decode()
+    assert f"cdc_silver model '{topic.table}': {option} names nmae, which the images of bronze" in message
+    assert "(they have: id, v, n)" in message

@@ -52,10 +52,22 @@
   {%- set key_exprs = reading.exprs -%}
   {%- set image_columns = [] -%}
   {%- if not document -%}
-    {%- set include = config.get('columns') -%}
-    {%- set exclude = config.get('exclude_columns') or [] -%}
-    {%- for column in cdclake.struct_field_names(bronze, 'after') -%}
-      {%- if column | lower not in keys | map('lower') | list and (not include or column in include) and column not in exclude -%}
+    {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
+    {#- Names as Spark takes them: whatever their case. One that names no image column is a typo: said, not ignored. -#}
+    {%- set chosen = {} -%}
+    {%- for option in ['columns', 'exclude_columns'] -%}
+      {%- set names = config.get(option) or [] -%}
+      {%- if names is string %}{% set names = [names] %}{% endif -%}
+      {%- set lowered = names | map('lower') | list -%}
+      {%- set unknown = [] -%}
+      {%- for name in names if name | lower not in fields | map('lower') | list %}{% do unknown.append(name) %}{% endfor -%}
+      {%- if unknown -%}
+        {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ option ~ " names " ~ unknown | join(', ') ~ ", which the images of bronze table " ~ bronze ~ " do not have (they have: " ~ fields | join(', ') ~ ")") }}
+      {%- endif -%}
+      {%- do chosen.update({option: lowered}) -%}
+    {%- endfor -%}
+    {%- for column in fields -%}
+      {%- if column | lower not in keys | map('lower') | list and (not chosen.columns or column | lower in chosen.columns) and column | lower not in chosen.exclude_columns -%}
         {% do image_columns.append(column) %}
       {%- endif -%}
     {%- endfor -%}
