@@ -10,8 +10,9 @@
 
   Each run recomputes the history of the keys the unit of work touches, from their stored rows plus the new
   changes: duplicates (an event with the same position, op and image as the key's event before it: replays)
-  collapse to the copy already stored (else the first landed), late changes fall into place, and the stored rows that change (a closed interval, a row to drop)
-  are updated in one MERGE; inserts go in the same MERGE. Untouched keys are not rewritten.
+  collapse to the copy already stored (else the first landed), late changes fall into place, and the stored rows
+  that change (a closed interval, a row to drop) are updated in one MERGE; inserts go in the same MERGE. Untouched
+  keys are not rewritten.
 -#}
 
 {#- Position of a history row (silver version or tombstone), comparable with net_effect's position(). -#}
