@@ -26,7 +26,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
-from ingest.bronze.dead_letters import dead_lettered_offsets, landed_up_to
+from ingest.bronze.dead_letters import dead_letters_landed_up_to, landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
@@ -411,7 +411,7 @@ def collect_status(
         # dead-letter table says (its lag is asked for like any other's).
         for tp, dead_offset in dead_offsets.items():
             if tp not in offsets and bronze_table_name(tp[0], settings.ingest.table_mapping) == name:
-                offsets[tp] = _dead_letters_landed_up_to(dead_table, tp, dead_offset)
+                offsets[tp] = dead_letters_landed_up_to(dead_table, tp, dead_offset)
         status = BronzeStatus(
             name=name,
             table=identifier,
@@ -459,16 +459,6 @@ def collect_status(
         dead_letters_without_table=dict(sorted(orphans.items())),
         lag_checked=lag_checked,
     )
-
-
-def _dead_letters_landed_up_to(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
-    """Where a partition with no record in its data table has landed: through the run of dead letters from its first
-    (a topic's retention may have cut earlier offsets), as _landed_up_to counts them."""
-    held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
-    offset = min(held, default=dead_offset)
-    while offset in held:
-        offset += 1
-    return offset
 
 
 def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:

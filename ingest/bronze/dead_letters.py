@@ -69,7 +69,18 @@ def landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dea
     letters') are not landed."""
     if dead_table is None or dead_offset <= offset:
         return offset
-    held = dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset)
+    return _end_of_run(dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset), offset)
+
+
+def dead_letters_landed_up_to(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
+    """Where a partition with no record in its data table has landed: through the run of dead letters from its first
+    (a topic's retention may have cut earlier offsets), as landed_up_to counts them."""
+    held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
+    return _end_of_run(held, min(held, default=dead_offset))
+
+
+def _end_of_run(held: set[int], offset: int) -> int:
+    """The first offset from ``offset`` on that ``held`` lacks."""
     while offset in held:
         offset += 1
     return offset

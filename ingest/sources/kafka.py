@@ -85,11 +85,11 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
 
 
 def _out_of_range(
-    message: Message, error: KafkaError, start: int | None, position: int | None
+    tp: tuple[str, int], error: KafkaError, start: int | None, position: int | None
 ) -> OffsetOutOfRangeError:
     """``start``: where the partition was assigned from (None: the beginning); ``position``: its next offset, once
     records of it were read."""
-    topic, partition, _ = _coordinates(message)
+    topic, partition = tp
     if position is not None:  # read for a while: retention deleted records before they were read
         where = f"ingest reads this partition at offset {position}, which the topic's log no longer holds"
     elif start is None:  # read from the beginning: retention moved the log's start while the client looked it up
@@ -266,7 +266,7 @@ class KafkaSource:
                     continue
                 if error.code() == KafkaError._AUTO_OFFSET_RESET:
                     tp = _coordinates(message)[:2]
-                    raise _out_of_range(message, error, self._starts.get(tp), self._positions.get(tp))
+                    raise _out_of_range(tp, error, self._starts.get(tp), self._positions.get(tp))
                 # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
                 if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
