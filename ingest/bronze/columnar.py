@@ -31,7 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, UTC_US, RowBuilder
+from ingest.bronze.rows import (
+    CHANGE_FIELDS,
+    COORDINATE_FIELDS,
+    LAST_KAFKA_TS_MS,
+    UTC_US,
+    RowBuilder,
+    with_exact_numbers,
+)
 from ingest.debezium import types as connect
 from ingest.debezium.envelope import HEARTBEAT_PREFIX, RawRecord, RecordKind, SchemaSplitter
 from ingest.debezium.ordering import ORDERINGS, TRANSACTION_ORDERED
@@ -40,8 +47,6 @@ from ingest.errors import DecodeError
 log = logging.getLogger(__name__)
 Mask = Any  # a pyarrow BooleanArray without nulls (True: back to the per-record path), or None: none is
 _RESERVED = frozenset(f.name for f in [*COORDINATE_FIELDS, *CHANGE_FIELDS]) | {"key"}
-# Kafka timestamps below this many ms convert exactly as ms * 1000 (the reference goes through a float division).
-_EXACT_KAFKA_MS = 4_000_000_000_000
 _MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
 _MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -653,7 +658,7 @@ def _postgres_position(sequence: Any, lsn: Any) -> tuple[list[Any], Mask]:
     if lsn is None:
         lsn_value, bad = minus_one, None
     elif pa.types.is_integer(lsn.type):
-        lsn_value, bad = pc.fill_null(lsn.cast(pa.int64()), -1), None
+        lsn_value, bad = pc.fill_null(lsn.cast(pa.int64()), -1), _flag(pc.less(lsn, 0))
     else:
         lsn_value, bad = minus_one, _flag(pc.is_valid(lsn))
     if sequence is None:
@@ -1031,7 +1036,8 @@ class BatchDecoder:
 
         # The members' coordinates, column by column (a RawRecord is a tuple: zip transposes them in one go).
         topics, partitions, offsets, stamps = list(zip(*[records[member] for member in members], strict=True))[:4]
-        kafka_us, odd_rows = _kafka_timestamps(stamps)
+        kafka_us = _kafka_timestamps(stamps)
+        odd_rows: list[int] = []
         is_change = plan.kind is RecordKind.CHANGE
         key_json = None
         if plan.key is not None and is_change:
@@ -1127,7 +1133,9 @@ def _key_json(key: _Struct, keys: dict[str, Any], payloads: list[bytes]) -> tupl
     odd: list[int] = []
     for row in per_row_rows:
         try:
-            rendered[row] = orjson.dumps(orjson.loads(payloads[row]), option=orjson.OPT_SORT_KEYS).decode()
+            payload = payloads[row]
+            key_value = with_exact_numbers(orjson.loads(payload), payload, enveloped=False)
+            rendered[row] = orjson.dumps(key_value, option=orjson.OPT_SORT_KEYS).decode()
         except orjson.JSONDecodeError:  # e.g. NaN, which pyarrow.json reads: the reference decides
             rendered[row] = None
             odd.append(row)
@@ -1148,30 +1156,12 @@ def _aligned(table: Any, parsed: list[bool], wanted: list[bool]) -> Any:
     return table.take(pa.array(indices, pa.int64()))
 
 
-def _kafka_timestamps(stamps: Sequence[int | None]) -> tuple[Any, list[int]]:
-    """``_cdc_kafka_ts`` in microseconds (int64) as the reference computes it (null for a negative or missing
-    timestamp), and the rows it cannot convert (far-future timestamps the reference rejects)."""
+def _kafka_timestamps(stamps: Sequence[int | None]) -> Any:
+    """``_cdc_kafka_ts`` in microseconds (int64) as ``rows.kafka_timestamp`` gives it: null for a missing timestamp
+    or one outside what a timestamp column holds."""
     column = pa.array(stamps, pa.int64())
-    latest = pc.max(column).as_py()
-    if latest is None or latest < _EXACT_KAFKA_MS:
-        return pc.multiply(pc.if_else(pc.less(column, 0), pa.scalar(None, pa.int64()), column), 1000), []
-    kafka_us: list[int | None] = [None if ts is None or ts < 0 or ts >= _EXACT_KAFKA_MS else ts * 1000 for ts in stamps]
-    odd_rows: list[int] = []
-    for row, ts in enumerate(stamps):
-        if ts is not None and ts >= _EXACT_KAFKA_MS:
-            kafka_us[row] = _reference_kafka_us(ts)
-            if kafka_us[row] is None:
-                odd_rows.append(row)
-    return pa.array(kafka_us, pa.int64()), odd_rows
-
-
-def _reference_kafka_us(timestamp_ms: int) -> int | None:
-    """The reference's float-based conversion, for far-future timestamps; None where it raises."""
-    try:
-        moment = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    outside = pc.or_(pc.less(column, 0), pc.greater(column, LAST_KAFKA_TS_MS))
+    return pc.multiply(pc.if_else(outside, pa.scalar(None, pa.int64()), column), 1000)
 
 
 def _validate_transaction(values: dict[str, Any]) -> Mask:

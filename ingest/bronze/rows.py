@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,11 @@ CHANGE_FIELDS = [
     pa.field("_cdc_key_json", pa.string()),
 ]
 _JSON_LONG_FIELDS = frozenset({"ts_ms", "ts_us", "ts_ns"})
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LAST_KAFKA_TS_MS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(
+    milliseconds=1
+)
 PARTITION_SOURCE_COLUMN = "_cdc_ingested_at"
 
 
@@ -139,7 +145,7 @@ class RowBuilder:
         is_change = envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE)
         if is_change:
             row["_cdc_order"] = envelope.ordering
-            row["_cdc_key_json"] = canonical_json(envelope.key)
+            row["_cdc_key_json"] = canonical_json(with_exact_numbers(envelope.key, record.key))
         typed = envelope.value_schema is not None or (envelope.payload is None and envelope.key_schema is not None)
         if typed:
             schema, key_conv, value_conv = self._compile(envelope)
@@ -157,7 +163,7 @@ class RowBuilder:
                 if value_conv is not None and payload is not None:
                     row.update(value_conv(_exact_payload(record.value), "value"))
             return BronzeRow(Layout.TYPED, schema, row)
-        return self._json_row(envelope, row, is_change)
+        return self._json_row(record, envelope, row, is_change)
 
     def tombstone_row(
         self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime, layout: Layout
@@ -168,26 +174,29 @@ class RowBuilder:
         _cdc_key_json); as JSON: the key as JSON text."""
         row = coordinate_values(record, ingested_at)
         row["_cdc_order"] = envelope.ordering
-        row["_cdc_key_json"] = canonical_json(envelope.key)
+        row["_cdc_key_json"] = canonical_json(with_exact_numbers(envelope.key, record.key))
         if layout is Layout.JSON:
-            return self._json_row(envelope, row, True)
+            return self._json_row(record, envelope, row, True)
         if envelope.key_schema is not None:
             return self.build(record, envelope, ingested_at)
         return BronzeRow(Layout.TYPED, _KEYLESS_TOMBSTONE_SCHEMA, row)
 
-    def _json_row(self, envelope: Envelope, row: dict[str, Any], is_change: bool) -> BronzeRow:
+    def _json_row(self, record: RawRecord, envelope: Envelope, row: dict[str, Any], is_change: bool) -> BronzeRow:
         fields = list(COORDINATE_FIELDS)
         if is_change:
             fields += CHANGE_FIELDS
         fields.append(pa.field("key", pa.string()))
-        row["key"] = json_text(envelope.key) if not isinstance(envelope.key, str) else envelope.key
-        payload = envelope.payload
+        key = envelope.key
+        row["key"] = key if isinstance(key, str) else json_text(with_exact_numbers(key, record.key))
+        payload = with_exact_numbers(envelope.payload, record.value)
         if payload is not None and envelope.kind is RecordKind.CHANGE:
             for name, value in payload.items():
                 if name == "op":
                     fields.append(pa.field(name, pa.string()))
                     row[name] = value
-                elif name in _JSON_LONG_FIELDS and (value is None or type(value) is int):
+                elif name in _JSON_LONG_FIELDS and (value is None or type(value) in (int, orjson.Fragment)):
+                    if value is not None and (type(value) is not int or not _INT64_MIN <= value <= _INT64_MAX):
+                        raise DecodeError(f"value.{name}: expected int64, got {json_text(value)}")
                     fields.append(pa.field(name, pa.int64()))
                     row[name] = value
                 else:
@@ -206,22 +215,58 @@ _KEYLESS_TOMBSTONE_SCHEMA = pa.schema([*COORDINATE_FIELDS, *CHANGE_FIELDS])
 
 def _exact_payload(data: bytes | None) -> Any:
     """A key or value (JSON converter) read with its numbers as written: fractions as decimal.Decimal."""
-    try:
-        document = json.loads(data or b"null", parse_float=decimal.Decimal)
-    except ValueError as exc:
-        raise DecodeError(f"not JSON: {exc}") from None
+    document = _exact_document(data)
     if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
         return document["payload"]
     return document  # schemas.enable=false: the payload itself (its schema known from the topic)
 
 
+def _exact_document(data: bytes | None) -> Any:
+    try:
+        return json.loads(data or b"null", parse_float=decimal.Decimal)
+    except ValueError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+
+
+# 16 digits or more in a row (a dot may sit among them): a JSON number orjson may have read as a double that lost
+# digits (decimal.format=NUMERIC writes decimals as JSON numbers; integers of 2**64 and more). Digits in a string
+# match too: that document is only read once more for nothing.
+_LONG_NUMBER = re.compile(rb"[0-9](?:\.?[0-9]){15,}")
+
+
+def with_exact_numbers(value: Any, data: bytes | None, *, enveloped: bool = True) -> Any:
+    """``value``, orjson's reading of ``data`` (of its payload when ``enveloped``), with every number a double does
+    not hold exactly as written (an ``orjson.Fragment``, which orjson writes back verbatim): what bronze keeps as JSON
+    text and ``_cdc_key_json`` keep every digit, so distinct keys never merge."""
+    if value is None or data is None or not _LONG_NUMBER.search(data):
+        return value
+    return _as_written(_exact_payload(data) if enveloped else _exact_document(data))
+
+
+def _as_written(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {name: _as_written(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_as_written(item) for item in value]
+    if isinstance(value, decimal.Decimal):
+        number = float(value)  # as orjson reads it, where that is exact: the text stays what it always was
+        return number if decimal.Decimal(repr(number)) == value else orjson.Fragment(str(value))
+    if type(value) is int and not _INT64_MIN <= value < 2**64:  # orjson writes 64-bit integers only
+        return orjson.Fragment(str(value))
+    return value
+
+
+def kafka_timestamp(timestamp_ms: int | None) -> dt.datetime | None:
+    """A record's Kafka timestamp, exact to the millisecond; None when it has none or one no timestamp column holds
+    (CreateTime is whatever the producer set: a year past 9999 must not stop the ingester)."""
+    if timestamp_ms is None or not 0 <= timestamp_ms <= LAST_KAFKA_TS_MS:
+        return None
+    return _EPOCH + dt.timedelta(milliseconds=timestamp_ms)
+
+
 def coordinate_values(record: RawRecord, ingested_at: dt.datetime) -> dict[str, Any]:
     """The COORDINATE_FIELDS of ``record``'s row (data tables and the dead-letter table alike)."""
-    kafka_ts = (
-        None
-        if record.timestamp_ms is None or record.timestamp_ms < 0
-        else dt.datetime.fromtimestamp(record.timestamp_ms / 1000, tz=dt.UTC)
-    )
+    kafka_ts = kafka_timestamp(record.timestamp_ms)
     return {
         "_cdc_topic": record.topic,
         "_cdc_partition": record.partition,

@@ -95,15 +95,20 @@ def _mongodb(source: Mapping[str, Any]) -> Position:
 def _pg_lsn(value: Any, field: str) -> int:
     if value is None or value == "null":
         return MISSING
+    lsn: int | None = None
     if type(value) is int:
-        return value
-    if isinstance(value, str):
+        lsn = value
+    elif isinstance(value, str):
         if _ascii_digits(value):
-            return int(value)
-        match = _PG_LSN.match(value)
-        if match:
-            return (int(match.group(1), 16) << 32) + int(match.group(2), 16)
-    raise DecodeError(f"source.{field}={value!r} is not a valid postgresql LSN")
+            lsn = int(value)
+        elif match := _PG_LSN.match(value):
+            lsn = (int(match.group(1), 16) << 32) + int(match.group(2), 16)
+    if lsn is None:
+        raise DecodeError(f"source.{field}={value!r} is not a valid postgresql LSN")
+    if not 0 <= lsn <= MAX_POSITION:
+        # A dead letter here: past the decoder, the bronze commit itself would fail on it, on every restart.
+        raise DecodeError(f"source.{field}={value!r} is not a valid postgresql LSN (beyond a 63-bit position)")
+    return lsn
 
 
 def _postgresql(source: Mapping[str, Any]) -> Position:

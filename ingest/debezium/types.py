@@ -74,6 +74,12 @@ def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
     if scale < 0:
         # Parquet and Iceberg have no negative scale: the same values as integers, |scale| more digits.
         precision, scale = precision - scale, 0
+    if scale > MAX_DECIMAL_PRECISION:
+        # PostgreSQL numeric(50,40), Oracle NUMBER(p,127): no Iceberg decimal holds that many places.
+        raise DecodeError(
+            f"decimal scale {scale} is beyond the {MAX_DECIMAL_PRECISION} digits an Iceberg decimal holds"
+            " (set the connector's decimal.handling.mode to string or double for this column)"
+        )
     precision = max(min(precision, MAX_DECIMAL_PRECISION), scale if scale > 0 else 1)
     return pa.decimal128(precision, scale)
 
@@ -145,9 +151,17 @@ def struct_fields(schema: dict[str, Any], *, variable_scale: int = 10) -> list[p
     fields = schema.get("fields")
     if not isinstance(fields, list):
         raise DecodeError(f"struct schema {schema.get('name')!r} has no field list")
-    return [
-        pa.field(field["field"], arrow_type(field, variable_scale=variable_scale), nullable=True) for field in fields
-    ]
+    typed: list[pa.Field] = []
+    for field in fields:
+        try:
+            field_type = arrow_type(field, variable_scale=variable_scale)
+        except DecodeError as exc:
+            raise DecodeError(f"{field.get('field')}: {exc}") from None
+        if pa.types.is_struct(field_type) and field_type.num_fields == 0:
+            # Parquet cannot write a struct without fields (a table with no columns): the commit would fail.
+            raise DecodeError(f"{field.get('field')}: a struct with no fields cannot be stored")
+        typed.append(pa.field(field["field"], field_type, nullable=True))
+    return typed
 
 
 def _int(kind: str) -> Converter:
