@@ -120,6 +120,7 @@ class Pipeline:
         self.tables = tables
         self.source = source
         self.metrics = metrics or IngestMetrics()
+        self._lag_labels: set[tuple[str, str]] = set()  # the (topic, partition) labels of the lag gauge set
         self.on_progress = on_progress
         self.stats = IngestStats()
         self.stop_requested = threading.Event()
@@ -788,7 +789,7 @@ class Pipeline:
                     self._flush(wait=False)
                 self._finish_commit(block=False)
                 self._update_lag()  # also on the last pass of --once: the end-of-partition events moved positions
-                if not records and self.source.caught_up():
+                if not records and self.source.caught_up(once):
                     self.metrics.progress()
                     if once:
                         break
@@ -821,5 +822,11 @@ class Pipeline:
         return records
 
     def _update_lag(self) -> None:
-        for (topic, partition), lag in self.source.lag().items():
-            self.metrics.lag.labels(topic, str(partition)).set(lag)
+        lags = {(topic, str(partition)): lag for (topic, partition), lag in self.source.lag().items()}
+        for labels, lag in lags.items():
+            self.metrics.lag.labels(*labels).set(lag)
+        # A partition handed to another member (or whose end is not known) has no lag of this member's to report: a
+        # value left behind would stay as it was forever, and sums over the group's members would count it twice.
+        for labels in self._lag_labels - lags.keys():
+            self.metrics.lag.remove(*labels)
+        self._lag_labels = set(lags)

@@ -73,7 +73,7 @@ def test_kafka_timestamps_are_exact_and_those_no_column_holds_are_null() -> None
     tables = assert_same(records)
     assert DEAD_LETTER_TABLE not in tables
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    expected = [epoch, epoch + dt.timedelta(milliseconds=9_000_000_000_001)]
+    expected: list[dt.datetime | None] = [epoch, epoch + dt.timedelta(milliseconds=9_000_000_000_001)]
     expected += [dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)] + [None] * 5
     assert tables["t_s_orders"][0].column("_cdc_kafka_ts").to_pylist() == expected
 
@@ -125,11 +125,12 @@ def test_the_key_json_of_a_numeric_decimal_key_keeps_its_digits(poll: int) -> No
     records = []
     for offset, key in enumerate(LONG_KEYS):
         record = typed_record(offset, {"id": 0}, [decimal_id])
-        value = record.value
+        value, key_bytes = record.value, record.key
         assert value is not None
+        assert key_bytes is not None
         records.append(
             record._replace(
-                key=record.key.replace(b'"payload":{"id":0}', b'"payload":{"id":%s}' % key),
+                key=key_bytes.replace(b'"payload":{"id":0}', b'"payload":{"id":%s}' % key),
                 value=value.replace(b'"after":{"id":0}', b'"after":{"id":%s}' % key),
             )
         )

@@ -399,6 +399,69 @@ def test_once_leaves_a_live_member_its_share(
     assert f"caught up on this member's share: {held[0][0]}[{held[0][1]}]" in caplog.text
 
 
+# A member whose session timeout (and poll interval, the rebalance timeout) is argv[4] ms, in its own process.
+SLOW_SESSION_MEMBER = GROUP_MEMBER.replace(
+    '"session.timeout.ms": 2000', '"session.timeout.ms": int(sys.argv[4]), "max.poll.interval.ms": int(sys.argv[4])'
+)
+
+
+def test_once_waits_for_a_join_that_a_dead_member_holds_up(lakehouse: Path) -> None:
+    """A member killed without leaving holds up the group's next join until its session ends. `--once` started
+    meanwhile gave up waiting for its first assignment after 15 s and exited 0 having read nothing, as if the topic
+    were empty. The mock cluster's coordinator holds the join (here for two sessions of 9 s: ~17 s)."""
+    import subprocess
+
+    from ingest.sources.kafka import JOIN_GRACE_S
+
+    topic = "dbserver1.inventory.customers"
+    with MockKafkaCluster() as cluster:
+        cluster.produce(topic, _customer_records(10))
+        consumer = {**MOCK_CONSUMER_SETTINGS, "session.timeout.ms": "9000"}  # the mock holds a shorter one out
+        settings = kafka_settings(lakehouse, cluster, topics=[topic], consumer=consumer)
+        assert settings.source is not None
+        member = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SLOW_SESSION_MEMBER,
+                cluster.bootstrap_servers,
+                settings.source.group_id,
+                topic,
+                "9000",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert member.stdout is not None
+        assert member.stdout.readline().startswith("assigned ")
+        member.kill()
+        member.wait(10)
+        started = time.monotonic()
+        assert run_kafka(settings).stats.written == 10
+        assert time.monotonic() - started > JOIN_GRACE_S  # the join took longer than a subscription without topics
+    assert set(bronze_coordinates(settings)) == {(topic, 0, offset) for offset in range(10)}
+
+
+def test_the_next_generation_group_protocol_reads_every_partition(lakehouse: Path) -> None:
+    """KIP-848, `group.protocol: consumer`: the client refused to start with cdclake's own session and heartbeat
+    settings, and without them the first assignment failed ("Failed to set assignment": its assignments are
+    incremental, never a whole one)."""
+    topic = "dbserver1.inventory.customers"
+    with MockKafkaCluster() as cluster:
+        for partition in range(2):
+            cluster.produce(topic, _customer_records(5), partition=partition)
+        source = {
+            "type": "kafka",
+            "bootstrap_servers": cluster.bootstrap_servers,
+            "group_id": unique("kip848-"),
+            "topics": [topic],
+            "consumer": {"group.protocol": "consumer"},
+        }
+        settings = make_settings(lakehouse, source=source)
+        assert run_kafka(settings).stats.written == 10
+    assert set(bronze_coordinates(settings)) == {(topic, p, offset) for p in range(2) for offset in range(5)}
+
+
 def _customer_records(count: int) -> list[tuple[bytes | None, bytes | None]]:
     """The first ``count`` change records of the real PostgreSQL customers topic, as (key, value) bytes."""
     lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]

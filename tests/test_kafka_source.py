@@ -5,13 +5,19 @@ markers of a transactional producer)."""
 
 from __future__ import annotations
 
+import logging
 import random
+import time
+from typing import Any, cast
 
 import pytest
+from confluent_kafka import TopicPartition
 
-from ingest.config import SourceSettings
+from ingest.bronze.tables import BronzeTables
+from ingest.config import IngestSettings, SourceSettings
 from ingest.debezium.envelope import RawRecord
-from ingest.sources.kafka import KafkaSource
+from ingest.pipeline import Pipeline
+from ingest.sources.kafka import JOIN_GRACE_S, GroupJoinTimeoutError, KafkaSource
 
 Event = tuple[str, int, int, bool]  # topic, partition, offset, whether an end-of-partition event (at that offset)
 
@@ -60,3 +66,69 @@ def test_positions_and_end_of_partition_match_the_message_by_message_rule(seed: 
             batch.append(RawRecord(topic, partition, offset, None, None, b"{}"))
     source._note_positions(batch, eof_at)
     assert (source._at_eof, source._positions) == one_by_one(events, before_eof, before_positions)
+
+
+def waiting_for_the_first_assignment(subscribed: set[tuple[str, int]], waited_s: float) -> KafkaSource:
+    """A source whose group join started ``waited_s`` ago, the cluster's metadata just read."""
+    source = KafkaSource(SourceSettings(bootstrap_servers="127.0.0.1:1", topics=["a"], group_id="g"))
+    source._consumer = object()  # type: ignore[assignment]  # never asked: the metadata below is fresh
+    now = time.monotonic()
+    source._join_started_at = now - waited_s
+    source._subscribed, source._subscribed_at, source._subscribed_known = subscribed, now, True
+    return source
+
+
+def test_before_the_first_assignment_only_a_subscription_without_partitions_is_nothing_to_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No such topic (Debezium creates them lazily): `--once` has read everything after the grace. Partitions to
+    read: the join is waited for, past the deadline `--once` fails naming them, the service warns and waits on."""
+    assert not waiting_for_the_first_assignment(set(), 1.0).caught_up(once=True)
+    assert waiting_for_the_first_assignment(set(), JOIN_GRACE_S + 1).caught_up(once=True)
+    source = waiting_for_the_first_assignment({("a", 0), ("a", 1)}, JOIN_GRACE_S + 1)
+    assert not source.caught_up(once=True)
+    source._join_started_at -= source._join_deadline_s
+    with pytest.raises(
+        GroupJoinTimeoutError,
+        match=r"^kafka: group 'g' assigned this member no partition in \d+s, "
+        r"while the cluster has 2 partition\(s\) of the subscription \(a\[0\], a\[1\]\)",
+    ):
+        source.caught_up(once=True)
+    with caplog.at_level(logging.WARNING, logger="ingest.sources.kafka"):
+        assert not source.caught_up(once=False)
+    assert "still waiting for the group" in caplog.text
+
+
+class EndsAt5000:
+    """A consumer whose partitions all end at offset 5000; (un)assigning does nothing."""
+
+    def get_watermark_offsets(self, partition: TopicPartition, cached: bool = True) -> tuple[int, int]:
+        return 0, 5000
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        return None
+
+    def unassign(self) -> None:
+        return None
+
+
+def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported() -> None:
+    """`cdclake_consumer_lag` kept the last value of a partition this member no longer reads, forever: alerts on a
+    member that lost a partition while behind never cleared, and sums over the group counted it twice."""
+    source = KafkaSource(SourceSettings(bootstrap_servers="127.0.0.1:1", topics=["t"], group_id="g"))
+    consumer = EndsAt5000()
+    source._consumer = cast(Any, consumer)
+    source._resolve = lambda topic, partition: 100
+    source._assign(cast(Any, consumer), [TopicPartition("t", 0), TopicPartition("t", 1)])
+    source._positions = {("t", 0): 100, ("t", 1): 4000}
+    pipeline = Pipeline(IngestSettings(), cast(BronzeTables, None), source=source)
+
+    def lag(partition: int) -> float | None:
+        labels = {"topic": "t", "partition": str(partition)}
+        return pipeline.metrics.registry.get_sample_value("cdclake_consumer_lag", labels)
+
+    pipeline._update_lag()
+    assert (lag(0), lag(1)) == (4900, 1000)
+    source._revoke(cast(Any, consumer), [TopicPartition("t", 0)])
+    pipeline._update_lag()
+    assert (lag(0), lag(1)) == (None, 1000)

@@ -40,8 +40,9 @@ class Source(Protocol):
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         """Up to ``max_records`` records, waiting at most ``timeout_s`` for the first."""
 
-    def caught_up(self) -> bool:
-        """True when every assigned partition has been read to its end (for ``--once``)."""
+    def caught_up(self, once: bool = False) -> bool:
+        """True when every assigned partition has been read to its end (for ``--once``). ``once``: a source that
+        cannot start reading at all in time raises instead of waiting on."""
 
     def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Tell the broker how far bronze got (monitoring only; bronze's own offsets are authoritative)."""

@@ -147,7 +147,7 @@ class FileSource:
             time.sleep(timeout_s)  # drained: wait like a consumer would, instead of spinning a core
         return batch
 
-    def caught_up(self) -> bool:
+    def caught_up(self, once: bool = False) -> bool:
         return self._done
 
     def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:

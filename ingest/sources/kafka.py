@@ -48,10 +48,17 @@ UNREACHABLE_ERRORS = frozenset(
 PROBE_INTERVAL_S = 1.0
 # How often the subscription's partitions are re-read from metadata while everything assigned is read to its end.
 SUBSCRIPTION_REFRESH_S = 2.0
+# Before the first assignment: how long (while the cluster answers) a subscription without partitions is waited for
+# before ``--once`` calls it nothing to read (Debezium creates topics lazily).
+JOIN_GRACE_S = 15.0
 
 
 class KafkaSourceError(CdclakeError):
     """The broker reported an error the client cannot recover from (message names topic/partition)."""
+
+
+class GroupJoinTimeoutError(KafkaSourceError):
+    """``--once``: the subscription has partitions, and the group assigned this member none of them in time."""
 
 
 class OffsetOutOfRangeError(KafkaSourceError):
@@ -80,8 +87,18 @@ def consumer_config(settings: SourceSettings) -> dict[str, Any]:
         "queued.max.messages.kbytes": 256 * 1024,
     }
     # User settings (security.protocol, sasl.*, ssl.*, ...) pass through unchanged and win.
-    config.update(settings.consumer_config())
+    user = settings.consumer_config()
+    if _next_generation_protocol(user):
+        # KIP-848: the broker owns session and heartbeat timing, and the client refuses to start with them set.
+        for key in ("session.timeout.ms", "heartbeat.interval.ms"):
+            config.pop(key)
+    config.update(user)
     return config
+
+
+def _next_generation_protocol(config: Mapping[str, Any]) -> bool:
+    """``group.protocol: consumer`` (KIP-848): assignments change incrementally, as with cooperative assignors."""
+    return str(config.get("group.protocol", "classic")).lower() == "consumer"
 
 
 def _out_of_range(
@@ -126,12 +143,15 @@ class KafkaSource:
         self._at_eof: set[tuple[str, int]] = set()
         self._positions: dict[tuple[str, int], int] = {}
         self._starts: dict[tuple[str, int], int | None] = {}  # where each assigned partition started (None: beginning)
-        self._started_at = 0.0
+        self._join_started_at = 0.0  # since when the first assignment is awaited with the cluster reachable
+        self._join_deadline_s = 60.0
+        self._join_warned = False
         self._assigned_once = False
         self._assignment_changed_at = 0.0
         # The subscription's partitions per the cluster's metadata, and when they were read (None: never).
         self._subscribed: set[tuple[str, int]] = set()
         self._subscribed_at: float | None = None
+        self._subscribed_known = False  # a metadata request answered once
         self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
         self._accepted_held: frozenset[tuple[str, int]] = frozenset()
         self._handover_grace_s = 12.0
@@ -146,8 +166,13 @@ class KafkaSource:
         self._resolve = resolve
         config = consumer_config(self.settings)
         config["error_cb"] = self._on_error
-        self._handover_grace_s = 2 * int(config.get("session.timeout.ms", 45000)) / 1000
-        self._cooperative = "cooperative" in str(config.get("partition.assignment.strategy", "")).lower()
+        session_s = int(config.get("session.timeout.ms", 45000)) / 1000
+        self._handover_grace_s = 2 * session_s
+        # The coordinator completes a join once the members it waits for rejoined or timed out: a member that died
+        # holds its partitions for its session.timeout.ms (the same setting as this one's, usually).
+        self._join_deadline_s = JOIN_GRACE_S + max(45.0, 3 * session_s)
+        strategy = str(config.get("partition.assignment.strategy", "")).lower()
+        self._cooperative = "cooperative" in strategy or _next_generation_protocol(config)
         try:
             self._consumer = Consumer(config, logger=log)
         except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
@@ -160,7 +185,7 @@ class KafkaSource:
         pattern = self._selection.pattern
         subscription = [pattern.pattern] if pattern is not None else list(self.settings.topics)
         self._consumer.subscribe(subscription, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke)
-        self._started_at = time.monotonic()
+        self._join_started_at = time.monotonic()
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -222,6 +247,8 @@ class KafkaSource:
             return
         log.info("kafka: the cluster is reachable again after %.1fs", time.time() - self._unreachable[0])
         self._unreachable = None
+        if not self._assigned_once:
+            self._join_started_at = time.monotonic()  # the join starts now: the time unreachable does not count
         if self.on_health is not None:
             self.on_health(None)
 
@@ -317,12 +344,11 @@ class KafkaSource:
         """The partitions this member reads now."""
         return frozenset(self._assigned)
 
-    def caught_up(self) -> bool:
+    def caught_up(self, once: bool = False) -> bool:
         if self._unreachable is not None:
             return False  # cannot tell, and no progress is being made: not caught up
         if not self._assigned_once:
-            # Nothing assigned yet: wait for the group join, then give up (no such topics).
-            return time.monotonic() - self._started_at > 15.0
+            return self._nothing_to_join(once)
         if not self._assigned <= self._at_eof:
             return False
         held = self._held_elsewhere()
@@ -355,6 +381,36 @@ class KafkaSource:
             )
         return True
 
+    def _nothing_to_join(self, once: bool) -> bool:
+        """Before the first assignment: True once the subscription has no partition to wait for (no such topic).
+        While it has some, the join is waited for; past the join deadline ``once`` gives up with an error (it would
+        otherwise exit as if it had read everything), the service warns and goes on waiting."""
+        waited = time.monotonic() - self._join_started_at
+        if waited < JOIN_GRACE_S:
+            return False
+        pending = self._held_elsewhere()  # nothing assigned yet: every partition of the subscription
+        if not pending and self._subscribed_known:
+            return True
+        if waited < self._join_deadline_s:
+            return False
+        what = (
+            f"the cluster has {len(pending)} partition(s) of the subscription ({_partition_list(pending)})"
+            if pending
+            else "no metadata request was answered"
+        )
+        message = (
+            f"kafka: group {self.settings.group_id!r} assigned this member no partition in {waited:.0f}s, "
+            f"while {what}. "
+            "A member that stopped without leaving holds its partitions until its session.timeout.ms ends; a "
+            "rebalance waits up to max.poll.interval.ms for a member that is still busy"
+        )
+        if once:
+            raise GroupJoinTimeoutError(f"{message}. Nothing was read; run again, or look at the group's members")
+        if not self._join_warned:
+            self._join_warned = True
+            log.warning("%s; still waiting for the group", message)
+        return False
+
     def _held_elsewhere(self) -> frozenset[tuple[str, int]]:
         """Partitions of the subscription (per the cluster's metadata) that are not assigned to this member."""
         assert self._consumer is not None
@@ -366,6 +422,7 @@ class KafkaSource:
             except KafkaException as exc:  # cannot tell: judge by what was read before (if anything)
                 log.debug("metadata request failed: %s", exc)
             else:
+                self._subscribed_known = True
                 self._subscribed = {
                     (name, partition)
                     for name, topic in metadata.topics.items()
