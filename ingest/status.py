@@ -51,13 +51,15 @@ class Watermarks(NamedTuple):
 
 # For each asked partition: the broker's watermarks, or the error that prevented reading them.
 WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "Watermarks | Exception"]]
+# The partitions each topic has, per the cluster's metadata (topics it does not know are left out).
+PartitionLister = Callable[[Sequence[str]], Mapping[str, Sequence[int]]]
 
 
 @dataclass
 class PartitionStatus:
     topic: str
     partition: int
-    next_offset: int
+    next_offset: int | None  # None: no record of the partition landed yet (ingest reads it from the log's start)
     high_watermark: int | None = None
     lag: int | None = None
     lag_error: str | None = None  # why lag is n/a (None with lag None: no broker to ask, e.g. a file source)
@@ -221,6 +223,32 @@ class _QuietLibrdkafka:
         log.debug(msg, *args)
 
 
+def kafka_partitions(source: SourceSettings, timeout_s: float = 5.0) -> PartitionLister:
+    """A lister of the partitions of topics, from one metadata request (which raises when the cluster does not
+    answer: its watermarks are not asked for then, to wait for one timeout, not two)."""
+
+    def list_partitions(topics: Sequence[str]) -> dict[str, list[int]]:
+        from confluent_kafka import Consumer
+
+        from ingest.sources.kafka import consumer_config
+
+        if not topics:
+            return {}
+        consumer = Consumer(consumer_config(source), logger=_QuietLibrdkafka())
+        try:
+            metadata = consumer.list_topics(timeout=timeout_s)
+        finally:
+            consumer.close()
+        wanted = set(topics)
+        return {
+            name: sorted(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if name in wanted and topic.error is None
+        }
+
+    return list_partitions
+
+
 def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> WatermarkReader:
     """A reader of high watermarks with ``get_watermark_offsets(cached=False)``.
 
@@ -281,6 +309,7 @@ def _error_text(error: Exception) -> str:
 
 def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPartition, Watermarks | Exception]) -> None:
     """Fill lag = high watermark - next offset, or say why it is n/a; note a log that starts after the next offset.
+    A partition with nothing landed lags by every record its log holds.
 
     A high watermark below bronze's next offset means the topic was recreated or another cluster answers (ingest
     stops on such a partition, see operations.md), or a broker whose ListOffsets "latest" is unreliable (Tansu
@@ -294,6 +323,9 @@ def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPart
             part.lag_error = _error_text(mark)
         elif mark.high < 0:
             part.lag_error = "broker returned no high watermark"
+        elif part.next_offset is None:
+            part.high_watermark = mark.high
+            part.lag = mark.high - max(mark.low, 0)
         elif mark.high < part.next_offset:
             part.high_watermark = mark.high
             part.lag_error = (
@@ -370,10 +402,11 @@ def collect_status(
     check_lag: bool = True,
     lag_timeout_s: float = 5.0,
     now: dt.datetime | None = None,
+    partitions: PartitionLister | None = None,
 ) -> LakehouseStatus:
     """The status of every bronze table (or of ``tables``, names without namespace).
 
-    ``watermarks`` defaults to asking the configured Kafka cluster; file sources have no lag.
+    ``watermarks`` and ``partitions`` default to asking the configured Kafka cluster; file sources have no lag.
     """
     if catalog is None:
         from ingest.lakehouse import load_catalog
@@ -436,9 +469,11 @@ def collect_status(
         if watermarks is None:
             assert source is not None
             watermarks = kafka_watermarks(source, lag_timeout_s)
+            partitions = partitions or kafka_partitions(source, lag_timeout_s)
+        failed = None if partitions is None else add_unlanded_partitions(result, partitions)
         asked = [(p.topic, p.partition) for status in result for p in status.partitions]
         try:
-            marks = watermarks(asked)
+            marks = watermarks(asked) if failed is None else dict.fromkeys(asked, failed)
         except Exception as exc:  # a broken reader must not break the status
             marks = dict.fromkeys(asked, exc)
         for status in result:
@@ -461,6 +496,28 @@ def collect_status(
     )
 
 
+def add_unlanded_partitions(tables: list[BronzeStatus], partitions: PartitionLister) -> Exception | None:
+    """The partitions of each table's topics that have nothing in bronze yet (added to the topic, or never read:
+    ingest down, or their member stuck): listed from the cluster, as ingest would read them. Returns why the
+    listing failed (the cluster does not answer), if it did."""
+    topics = sorted({p.topic for table in tables for p in table.partitions})
+    try:
+        listed = partitions(topics)
+    except Exception as exc:  # a broken lister must not break the status
+        return exc
+    for table in tables:
+        known = {(p.topic, p.partition) for p in table.partitions}
+        added = [
+            PartitionStatus(topic, partition, None)
+            for topic in sorted({p.topic for p in table.partitions})
+            for partition in listed.get(topic, ())
+            if (topic, partition) not in known
+        ]
+        if added:
+            table.partitions = sorted([*table.partitions, *added], key=lambda p: (p.topic, p.partition))
+    return None
+
+
 def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:
     """Why the lakehouse counts as stale: records deleted from a topic before they were landed, bronze not committed
     for too long, or silver behind for too long."""
@@ -471,7 +528,7 @@ def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.dateti
         problems.append(f"topic {topic}: {count} record(s), every one a dead letter: no bronze table")
     for table in status.tables:
         for part in table.partitions:
-            if part.log_start is not None:
+            if part.log_start is not None and part.next_offset is not None:
                 problems.append(
                     f"{part.topic}[{part.partition}]: the log starts at offset {part.log_start}, after bronze's next "
                     f"offset {part.next_offset}: {part.log_start - part.next_offset} offset(s) were deleted before "

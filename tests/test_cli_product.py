@@ -455,6 +455,7 @@ def test_status_with_an_unreachable_broker_shows_na_and_no_secrets(
         return lambda partitions: dict.fromkeys(partitions, RuntimeError(f"SASL auth failed with password {secret}"))
 
     monkeypatch.setattr("ingest.status.kafka_watermarks", leaky)
+    monkeypatch.setattr("ingest.status.kafka_partitions", lambda _source, _timeout: lambda topics: {})
     for args in (["status"], ["status", "--json"]):
         shown = invoke(["--config", config, *args])
         assert shown.exit_code == 0

@@ -462,6 +462,25 @@ def test_the_next_generation_group_protocol_reads_every_partition(lakehouse: Pat
     assert set(bronze_coordinates(settings)) == {(topic, p, offset) for p in range(2) for offset in range(5)}
 
 
+def test_status_shows_the_partitions_with_nothing_landed_yet(lakehouse: Path) -> None:
+    """`cdclake status` listed only the partitions bronze holds offsets of: one whose records were never landed
+    (its member stuck, ingest down since the topic got more partitions) was missing, and the table's lag said 0."""
+    from ingest.status import collect_status
+
+    topic = "dbserver1.inventory.customers"
+    records = _customer_records(10)
+    with MockKafkaCluster() as cluster:
+        cluster.produce(topic, records, partition=0)
+        settings = kafka_settings(lakehouse, cluster, topics=[topic], consumer=MOCK_CONSUMER_SETTINGS)
+        assert run_kafka(settings).stats.written == 10
+        cluster.produce(topic, records[:5], partition=1)
+        status = collect_status(settings)
+    (table,) = status.tables
+    offsets = [(p.partition, p.next_offset, p.lag) for p in table.partitions]
+    assert offsets == [(0, 10, 0), (1, None, 5), (2, None, 0), (3, None, 0)]  # the mock's topics have 4 partitions
+    assert table.lag == 5
+
+
 def _customer_records(count: int) -> list[tuple[bytes | None, bytes | None]]:
     """The first ``count`` change records of the real PostgreSQL customers topic, as (key, value) bytes."""
     lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]

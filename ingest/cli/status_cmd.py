@@ -78,10 +78,11 @@ def _when(value: dt.datetime | None, now: dt.datetime) -> str:
 def _offsets(table: BronzeStatus) -> str:
     """One line per partition; the topic is named only when the table holds more than one."""
     several = len({p.topic for p in table.partitions}) > 1
-    return (
-        "\n".join(f"{p.topic + ' ' if several else ''}[{p.partition}] {p.next_offset:,}" for p in table.partitions)
-        or "-"
-    )
+    lines = []
+    for p in table.partitions:
+        offset = "-" if p.next_offset is None else f"{p.next_offset:,}"  # nothing landed yet
+        lines.append(f"{p.topic + ' ' if several else ''}[{p.partition}] {offset}")
+    return "\n".join(lines) or "-"
 
 
 def _lag(table: BronzeStatus, checked: bool) -> str:
