@@ -132,3 +132,17 @@ def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported()
     source._revoke(cast(Any, consumer), [TopicPartition("t", 0)])
     pipeline._update_lag()
     assert (lag(0), lag(1)) == (None, 1000)
+
+
+def test_partitions_new_to_the_subscription_get_the_whole_handover_grace() -> None:
+    """A topic created (or partitions added) while `--once` read a backlog: the grace was timed from the last
+    assignment, long past, so the run ended at once, saying another member held partitions nobody held yet (the
+    rebalance that assigns them comes with librdkafka's next metadata refresh)."""
+    source = waiting_for_the_first_assignment({("a", 0)}, 100.0)
+    source._assigned_once, source._assigned, source._at_eof = True, {("a", 0)}, {("a", 0)}
+    source._assignment_changed_at = time.monotonic() - 100.0
+    assert source.caught_up(once=True)
+    source._subscribed = {("a", 0), ("a", 1)}  # the topic got a partition
+    assert not source.caught_up(once=True)
+    source._held_grew_at -= source._handover_grace_s
+    assert source.caught_up(once=True)

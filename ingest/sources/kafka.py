@@ -154,6 +154,8 @@ class KafkaSource:
         self._subscribed_known = False  # a metadata request answered once
         self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
         self._accepted_held: frozenset[tuple[str, int]] = frozenset()
+        self._held: frozenset[tuple[str, int]] = frozenset()  # held by other members when last looked at
+        self._held_grew_at = 0.0  # when a partition last joined them
         self._handover_grace_s = 12.0
         self._selection = TopicSelection.of(settings.topics, settings.topic_pattern)
         self._cooperative = False
@@ -352,12 +354,16 @@ class KafkaSource:
         if not self._assigned <= self._at_eof:
             return False
         held = self._held_elsewhere()
+        if not held - self._held:
+            self._held = held
+        else:  # new partitions (a topic created, partitions added): the rebalance that assigns them is still to come
+            self._held, self._held_grew_at = held, time.monotonic()
         if not held:
             return True
         # Partitions of the subscription that another member holds: a dead one loses them when its session
         # expires, and the rebalance that follows changes this member's assignment. Unchanged for the grace: the
         # holders are alive and read them.
-        stable_for = time.monotonic() - self._assignment_changed_at
+        stable_for = time.monotonic() - max(self._assignment_changed_at, self._held_grew_at)
         if held != self._reported_held:
             self._reported_held = held
             log.info(
