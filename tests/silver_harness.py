@@ -278,6 +278,7 @@ class MongoChange:
     truncated: list[tuple[str, int]] | None = None
     patch: dict[str, Any] | None = None
     place: int | None = None
+    after_text: str | None = None  # ``after`` as this very text (e.g. with a bare NaN, which is not JSON)
 
     def payload(self) -> dict[str, Any]:
         description = None
@@ -290,7 +291,7 @@ class MongoChange:
                 else [{"field": name, "size": size} for name, size in self.truncated],
             }
         return {
-            "after": None if self.after is None else orjson.dumps(self.after).decode(),
+            "after": self.after_text if self.after is None else orjson.dumps(self.after).decode(),
             "patch": None if self.patch is None else orjson.dumps(self.patch).decode(),
             "filter": None,
             "updateDescription": description,

@@ -424,6 +424,21 @@ def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path
             [MongoChange(C, 7, 100, after={"_id": 7, "a.b": 1, "a": {}}), MongoChange("u", 7, 101, updated={"a.b": 2})],
             "path a.b is ambiguous",
         ),
+        (  # where "a.b" is missing, the remove changed nothing (and left the field named "a.b" as it was)
+            [MongoChange(C, 7, 100, after={"_id": 7, "a.b": 1}), MongoChange("u", 7, 101, removed=["a.b"])],
+            "path a.b is ambiguous",
+        ),
+        (  # the field "a.b" starts the path: a.b.c set a new {"a": {"b": {"c": 2}}}
+            [MongoChange(C, 7, 100, after={"_id": 7, "a.b": {"c": 1}}), MongoChange("u", 7, 101, updated={"a.b.c": 2})],
+            "path a.b.c is ambiguous",
+        ),
+        (  # Debezium writes a double that is not a number bare in a full document: the fold gave a null document
+            [
+                MongoChange(C, 7, 100, after_text='{"_id": 7, "ratio": NaN, "name": "a"}'),
+                MongoChange("u", 7, 101, updated={"name": "b"}),
+            ],
+            "the document before it is not valid JSON (a bare NaN or Infinity",
+        ),
         (
             [
                 MongoChange(C, 7, 100, after=BOB),
@@ -437,7 +452,16 @@ def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path
             "the key  b cannot be addressed in Spark SQL",
         ),
     ],
-    ids=["no-document", "path-through-a-scalar", "dotted-field-name", "oplog-v2", "leading-space-key"],
+    ids=[
+        "no-document",
+        "path-through-a-scalar",
+        "dotted-field-name",
+        "dotted-field-removed",
+        "dotted-field-starts-the-path",
+        "not-a-number",
+        "oplog-v2",
+        "leading-space-key",
+    ],
 )
 def test_an_update_that_cannot_be_folded_fails_the_run(
     harness: SilverHarness, tmp_path: Path, changes: list[MongoChange], reason: str

@@ -135,6 +135,9 @@
     when instr({{ doc }}, chr(0)) > 0 then {{ doc }}
     when {{ edit }}.op = 'fail' then {{ cdclake.json_error(event, edit ~ '.value') }}
     when {{ doc }} is null or left({{ doc }}, 1) <> '{' then {{ cdclake.json_error(event, "'the document before it is not a JSON object'") }}
+    {#- Debezium writes a non-finite double of a full document as a bare NaN or Infinity, which is not JSON: Spark
+        reads no key of it, and every edit would give null (a document silently lost). #}
+    when json_object_keys({{ doc }}) is null then {{ cdclake.json_error(event, "'the document before it is not valid JSON (a bare NaN or Infinity: how Debezium writes a double that is not a number in its default and strict json.serialization.mode; extended and relaxed write valid JSON)'") }}
     when {{ edit }}.op = 'project' then concat('{', array_join(transform(filter(json_object_keys({{ doc }}), _cdc_x -> array_contains({{ edit }}.path, _cdc_x)),
       _cdc_x -> concat({{ cdclake.json_quoted('_cdc_x') }}, ':', {{ cdclake.json_member(doc, '_cdc_x', event) }})), ','), '}')
     else element_at(transform(array(
@@ -142,11 +145,14 @@
       aggregate({{ parents }}, array({{ doc }}), (_cdc_cs, _cdc_i) -> concat(_cdc_cs, array(coalesce(
         {{ cdclake.json_child('element_at(_cdc_cs, -1)', edit ~ '.path[_cdc_i]', event) }}, case when {{ edit }}.op = 'set' then '{}' end))))
     ), _cdc_cs -> case
-      when {{ edit }}.op <> 'set' and exists(_cdc_cs, _cdc_c -> _cdc_c is null) then {{ doc }}
-      {#- a key named like the rest of the path ("a.b" under a): a field named with dots, or a nested path? #}
+      {#- a key named like the rest of the path, or like a dotted start of it ("a.b" under a, for a.b or a.b.c): a
+          field named with dots, or a nested path? Asked first: where the nested path is missing, the field's
+          remove or truncate would otherwise change nothing. #}
       when exists({{ parents }}, _cdc_i -> left(_cdc_cs[_cdc_i], 1) = '{'
-          and array_contains(json_object_keys(_cdc_cs[_cdc_i]), array_join(slice({{ edit }}.path, _cdc_i + 1, size({{ edit }}.path)), '.')))
+          and exists(json_object_keys(_cdc_cs[_cdc_i]), _cdc_y -> instr(_cdc_y, '.') > 0
+            and startswith(concat(array_join(slice({{ edit }}.path, _cdc_i + 1, size({{ edit }}.path)), '.'), '.'), concat(_cdc_y, '.'))))
         then {{ cdclake.json_error(event, "concat('path ', array_join(" ~ edit ~ ".path, '.'), ' is ambiguous: the document has a field named with dots')") }}
+      when {{ edit }}.op <> 'set' and exists(_cdc_cs, _cdc_c -> _cdc_c is null) then {{ doc }}
       else aggregate(reverse({{ parents }}),
         {{ cdclake.json_edit_leaf('element_at(_cdc_cs, -1)', leaf, edit, cannot) }},
         (_cdc_v, _cdc_i) -> {{ cdclake.json_set_child('_cdc_cs[_cdc_i]', edit ~ '.path[_cdc_i]', '_cdc_v', event, cannot) }})
