@@ -211,6 +211,7 @@ MONGO_ENVELOPE_SCHEMA = {
     "type": "struct",
     "optional": False,
     "fields": [
+        {**_JSON_TEXT, "field": "before"},
         {**_JSON_TEXT, "field": "after"},
         {**_JSON_TEXT, "field": "patch"},
         {**_JSON_TEXT, "field": "filter"},
@@ -279,6 +280,7 @@ class MongoChange:
     patch: dict[str, Any] | None = None
     place: int | None = None
     after_text: str | None = None  # ``after`` as this very text (e.g. with a bare NaN, which is not JSON)
+    before: dict[str, Any] | None = None  # the pre-image (capture.mode change_streams_with_pre_image)
 
     def payload(self) -> dict[str, Any]:
         description = None
@@ -291,6 +293,7 @@ class MongoChange:
                 else [{"field": name, "size": size} for name, size in self.truncated],
             }
         return {
+            "before": None if self.before is None else orjson.dumps(self.before).decode(),
             "after": self.after_text if self.after is None else orjson.dumps(self.after).decode(),
             "patch": None if self.patch is None else orjson.dumps(self.patch).decode(),
             "filter": None,

@@ -617,6 +617,65 @@ def test_schemaless_topic_needs_keys_and_keeps_documents(harness: SilverHarness,
     assert [(row["id"], orjson.loads(row["_cdc_document"])["v"]) for row in rows] == [("1", "a2"), ("2", "b")]
 
 
+def test_a_schemaless_key_named_in_another_case_reads_the_sources_field(harness: SilverHarness, dumps: Path) -> None:
+    """JSON names are case-sensitive: a model saying keys=['id'] over a schemaless topic whose key and images say
+    "ID" (Oracle's upper-case names) read every key as NULL, and silver held one row for the whole table, with every
+    shipped test passing. It reads "ID" now, as Spark reads a typed key's fields; a name no field has fails the run
+    naming the fields there are."""
+    topic = harness.topic("upper_key")
+
+    def land(changes: list[Change]) -> None:
+        lines = topic.records(changes)
+        for line in lines:
+            for part in ("key", "payload"):
+                text = without_schema(line[part])
+                line[part] = None if text is None else text.replace('"id":', '"ID":')
+        harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
+
+    land([Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c"), Change(U, 1, 4, "a2"), Change(D, 2, 5)])
+    harness.write_model(topic, "keys=['id']")
+    assert harness.build(topic)
+    rows = harness.rows(f"silver.{topic.table}", "cast(id as int) as id, get_json_object(_cdc_document, '$.v') as v")
+    assert {row["id"]: row["v"] for row in rows} == {1: "a2", 3: "c"} == topic.expected()
+
+    harness.write_model(topic, "keys=['idx']")
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
+    assert not harness.build(topic, "--full-refresh")
+    message = log.read_bytes()[start:].decode()
+    assert "key column 'idx' is neither a field of the Kafka key nor of the change images" in message
+    assert "(their fields: key: ID; after: " in message
+
+
+def test_the_recomputation_tests_read_what_a_models_where_keeps(harness: SilverHarness, dumps: Path) -> None:
+    """A model may narrow bronze with a `where`. The shipped tests recomputed silver from all of bronze and failed on
+    a correct table ("missing from silver"); given the model's condition as `bronze_where`, they read what it
+    reads."""
+    import yaml
+
+    from ingest.scaffold import model_yaml
+
+    topic = harness.topic("narrowed")
+    harness.land(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "hidden"), Change(C, 3, 3, "c"), Change(D, 3, 4)], dumps)
+    condition = "coalesce(after.v, '') <> 'hidden'"
+    harness.write_model(topic)  # declares the source
+    (harness.project / "models" / "silver" / f"{topic.table}.sql").write_text(
+        "{{ config(materialized='cdc_silver') }}\n"
+        f"select * from {{{{ source('bronze', '{topic.table}') }}}} where {condition}\n"
+    )
+    tested = model_yaml(topic.table, ["id"], "bronze", None)
+    path = harness.project / "models" / "silver" / f"{topic.table}.yml"
+    path.write_text(yaml.safe_dump(tested))
+    assert not harness.build(topic)  # silver is right; the recomputation read keys the model never sees
+    assert harness.silver(topic) == {1: "a"}
+    for test in tested["models"][0]["data_tests"]:
+        arguments = next(iter(test.values()))["arguments"]
+        if "bronze" in arguments:
+            arguments["bronze_where"] = condition
+    path.write_text(yaml.safe_dump(tested))
+    assert harness.build(topic)
+
+
 # The schemaless case lost data (every change had a null key); the typed one failed the run: `make test-slow`.
 @pytest.mark.parametrize("schemas", [pytest.param(True, marks=pytest.mark.slow), False], ids=["typed", "schemaless"])
 def test_keys_of_a_table_without_a_primary_key_are_read_from_the_images(

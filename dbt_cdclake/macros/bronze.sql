@@ -32,6 +32,28 @@
 {%- endmacro %}
 
 
+{#- The field names seen in a sample of JSON text column `column` (a schemaless key or image); none when it holds
+    no object yet. Names in JSON are case-sensitive, and get_json_object of a name the text does not have is null:
+    a model's key named in another case than the source's would give every change the key NULL (one silver row). -#}
+{% macro json_field_names(relation, column) -%}
+  {%- if not execute %}{{ return(none) }}{% endif -%}
+  {%- set sample = 'select ' ~ column ~ ' as j from ' ~ relation ~ ' where ' ~ column ~ " like '{%' limit 100" -%}
+  {%- set names = run_query('select distinct explode(json_object_keys(j)) from (' ~ sample ~ ') where json_object_keys(j) is not null').columns[0].values() | list -%}
+  {{ return(names if names else none) }}
+{%- endmacro %}
+
+
+{#- The field of JSON text with `names` (json_field_names) that key `key` reads: its own name, or the one name that
+    differs from it in case only (as Spark resolves a struct's fields); none when the text has no such field. With
+    no names known (nothing sampled yet), the key's own name. -#}
+{% macro json_field_for(names, key) -%}
+  {%- if names is none or key in names %}{{ return(key) }}{% endif -%}
+  {%- set same = [] -%}
+  {%- for name in names if name | lower == key | lower %}{% do same.append(name) %}{% endfor -%}
+  {{ return(same[0] if same | length == 1 else none) }}
+{%- endmacro %}
+
+
 {#- Keys, image columns and expressions for one model. Fails with a clear message for a table without a key. -#}
 {% macro silver_layout(bronze, input_sql) -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
@@ -206,17 +228,28 @@
   {%- for image in ['after', 'before'] if image in types and keys | map('lower') | reject('in', key_fields) | list -%}
     {% do image_fields.update({image: cdclake.struct_field_names(bronze, image) | map('lower') | list if types[image].startswith('struct') else none}) %}
   {%- endfor -%}
+  {#- The fields of JSON text columns (schemaless), sampled once each when a key is looked up there. -#}
+  {%- set json_names = {} -%}
+  {%- for column in ['key'] + image_fields.keys() | list if column in types and not types[column].startswith('struct') -%}
+    {%- if keys | map('lower') | reject('in', key_fields) | list %}{% do json_names.update({column: cdclake.json_field_names(bronze, column)}) %}{% endif -%}
+  {%- endfor -%}
   {%- set exprs = {} -%}
   {%- set moved = {'kafka': [], 'before': [], 'after': []} -%}
   {%- for key in keys -%}
     {%- if key | lower in key_fields -%}
       {% do exprs.update({key: 'key.' ~ cdclake.quote(key)}) %}
     {%- else -%}
-      {%- set parts = [cdclake.json_key_expr(key)] if 'key' in types and not types['key'].startswith('struct') else [] -%}
+      {%- set parts = [] -%}
+      {%- if 'key' in types and not types['key'].startswith('struct') -%}
+        {%- set name = cdclake.json_field_for(json_names.get('key'), key) -%}
+        {%- if name is not none %}{% do parts.append(cdclake.json_key_expr(name)) %}{% endif -%}
+      {%- endif -%}
       {%- if parts %}{% do moved.kafka.append(parts[0]) %}{% endif -%}
       {%- set images = {} -%}
       {%- for image, fields in image_fields.items() -%}
-        {%- if fields is none %}{% do images.update({image: cdclake.json_key_expr(key, image)}) %}
+        {%- if fields is none -%}
+          {%- set name = cdclake.json_field_for(json_names.get(image), key) -%}
+          {%- if name is not none %}{% do images.update({image: cdclake.json_key_expr(name, image)}) %}{% endif -%}
         {%- elif key | lower in fields %}{% do images.update({image: image ~ '.' ~ cdclake.quote(key)}) %}{% endif -%}
       {%- endfor -%}
       {#- The image the change has: `after`, or `before` for a delete (never an update's old key). -#}
@@ -228,7 +261,9 @@
         {% do parts.append(images.values() | first) %}
       {%- endif -%}
       {%- if not parts -%}
-        {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': key column '" ~ key ~ "' is neither a field of the Kafka key nor of the change images (after/before) in " ~ bronze) }}
+        {%- set seen = [] -%}
+        {%- for column, names in json_names.items() if names %}{% do seen.append(column ~ ': ' ~ names | join(', ')) %}{% endfor -%}
+        {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': key column '" ~ key ~ "' is neither a field of the Kafka key nor of the change images (after/before) in " ~ bronze ~ ('' if not seen else ' (their fields: ' ~ seen | join('; ') ~ ')')) }}
       {%- endif -%}
       {% do exprs.update({key: parts[0] if parts | length == 1 else 'coalesce(' ~ parts | join(', ') ~ ')'}) %}
     {%- endif -%}

@@ -186,6 +186,9 @@
       deletes (a winning delete keeps the values of the key's last change before it, net_effect_sql). -#}
   {%- set every = scd2 or delete_mode == 'soft' -%}
   {%- set frame = 'current row' if every or not layout.document else 'unbounded following' -%}
+  {#- MongoDB's *_with_pre_image capture modes: an update's `before` is the whole document before it (documents
+      folding placeholders keep theirs: an image's `before` is not its previous value there). -#}
+  {%- set pre_image = layout.document and placeholder is none and 'before' in columns -%}
 with unit as (
   select
     struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
@@ -257,6 +260,11 @@ folded as (
     {%- if layout.document %}
     _cdc_doc,
     first_value(_cdc_doc) over segment as _cdc_base,
+    {%- if pre_image %}
+    {#- A segment without a full image (its first row is an update, not a prior state): the first update's
+        pre-image is its base. #}
+    first_value(_cdc_row.before) over segment as _cdc_pre_image,
+    {%- endif %}
     collect_list(case when not _cdc_full then struct(_cdc_pos, _cdc_edits) end) over segment as _cdc_patches
     {%- else %}
     {%- for field in fields %}
@@ -268,7 +276,7 @@ folded as (
 )
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
@@ -301,11 +309,13 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     (`current_state`), it is older than the key's prior state (a replay after a Debezium restart): it cannot apply,
     and its image is left null. (A history keeps a late update as a version: it must fold.)
     `placeholders`: documents fold unavailable-value placeholders, and one with no earlier value stays without one
-    (as in typed images: last_value over nulls) instead of failing the run. -#}
-{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true) -%}
+    (as in typed images: last_value over nulls) instead of failing the run. `pre_image`: with no document before
+    it, an update folds onto its segment's first pre-image (`before`), where the connector sends one. -#}
+{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false) -%}
   {%- if layout.document -%}
+  {%- set base = 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' -%}
   {%- set fold -%}
-    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(_cdc_base), '{}')" if placeholders else 'trim(_cdc_base)' }},
+    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(" ~ base ~ "), '{}')" if placeholders else 'trim(' ~ base ~ ')' }},
       (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})
   {%- endset -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
@@ -316,9 +326,9 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
       {%- else %}
       case
         {%- if current_state %}
-        when _cdc_base is null and _cdc_pos < _cdc_floor then null
+        when {{ base }} is null and _cdc_pos < _cdc_floor then null
         {%- endif %}
-        when _cdc_base is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
+        when {{ base }} is null then {{ cdclake.json_error(cdclake.change_event_sql('_cdc_row.'), "'the key has no document before it (no insert, snapshot read or full update in bronze or silver)'") }}
         else {{ fold }} end
       {%- endif %}
   end

@@ -51,14 +51,15 @@
 
 
 {#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op); with `snapshot`,
-    over bronze as of that snapshot. -#}
-{% macro recomputed_latest(bronze, keys, snapshot=none) -%}
+    over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps. -#}
+{% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none) -%}
+  {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
   {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
   {%- set types = cdclake.describe_columns(bronze) if execute else {} -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
   {%- set key_exprs = reading.exprs -%}
   {#- An update that moved its row to another key deletes the old key, as the model applies it. -#}
-  {%- set rows = cdclake.with_key_changes('select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else ''), types.keys() | list, reading.moves) -%}
+  {%- set rows = cdclake.with_key_changes('select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') ~ kept, types.keys() | list, reading.moves) -%}
   select * from (
     select
       {%- for key in keys %}
@@ -73,7 +74,7 @@
       {#- the latest truncate voids every change older than it -#}
       and not coalesce(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset) < (
         select max(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset))
-        from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %} where op = 't'), false)
+        from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %} where op = 't'{% if bronze_where is not none %} and ({{ bronze_where }}){% endif %}), false)
   ) where _cdc_rank = 1
 {%- endmacro %}
 
@@ -86,12 +87,13 @@
 
 
 {#- Silver equals a full recomputation from bronze: same live keys, each at the same change (position and op: a
-    replay of a change at another offset is the same change, and a history keeps the copy it stored first). -#}
-{% test cdclake_equals_recompute(model, bronze, keys) %}
+    replay of a change at another offset is the same change, and a history keeps the copy it stored first).
+    `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
+{% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
   {%- set shape = cdclake.silver_shape(model) -%}
   with expected as (
     select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op
-    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) where _cdc_op <> 'd'
+    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) where _cdc_op <> 'd'
   ),
   actual as (
     select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{{ shape.order }} as _cdc_order, _cdc_op
@@ -104,11 +106,11 @@
 
 
 {#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
-{% test cdclake_no_deleted_keys(model, bronze, keys) %}
+{% test cdclake_no_deleted_keys(model, bronze, keys, bronze_where=none) %}
   {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
-  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model)) }}) latest
+  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
   where latest._cdc_op = 'd' and {{ shape.live }}
 {% endtest %}
