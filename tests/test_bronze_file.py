@@ -218,6 +218,99 @@ def test_a_dump_appended_twice_lands_each_record_once(
     assert bronze_coordinates(settings) == expected  # every record once, dead letters included
 
 
+def every_pg_record() -> Counter[tuple[str, int, int]]:
+    return Counter((topic, 0, offset) for topic, count in topic_counts(PG_DUMP).items() for offset in range(count))
+
+
+def test_an_unfinished_last_line_is_read_once_it_is_whole(
+    lakehouse: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kcat writes its output in blocks: a dump it is still writing ends inside a line. That line stopped ingest
+    ("not a kcat -J JSON line"), and the complete records before it, in the same poll, never landed."""
+    settings = make_settings(lakehouse)
+    dump = tmp_path / "growing.jsonl"
+    data = PG_DUMP.read_bytes()
+    cut = data.index(b"\n", len(data) // 2) + 40  # 40 bytes into a line
+    dump.write_bytes(data[:cut])
+    with caplog.at_level("WARNING", logger="ingest.sources.file"):
+        ingest_file(settings, dump)
+    complete = data[:cut].count(b"\n")
+    assert sum(bronze_coordinates(settings).values()) == complete
+    assert f"growing.jsonl:{complete + 1}: the last line is unfinished" in caplog.text
+    dump.write_bytes(data)  # kcat wrote the rest
+    ingest_file(settings, dump)
+    assert bronze_coordinates(settings) == every_pg_record()
+
+
+def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tmp_path: Path) -> None:
+    """Two dumps of a partition concatenated the wrong way round (`cat later.jsonl earlier.jsonl`): the earlier
+    records came after offsets read already and were skipped as repeats, while bronze's offset moved past them,
+    so they were lost for good, with only a warning."""
+    settings = make_settings(lakehouse)
+    lines = [line for line in PG_DUMP.read_bytes().splitlines(keepends=True) if b'"partition":0' in line]
+    customers = [line for line in lines if orjson.loads(line)["topic"] == "dbserver1.inventory.customers"]
+    dump = tmp_path / "reordered.jsonl"
+    dump.write_bytes(b"".join([*customers[4:], *customers[:4]]))
+    with pytest.raises(
+        ConfigError,
+        match=r"reordered\.jsonl:\d+: dbserver1\.inventory\.customers\[0\] offset 0 "
+        r"comes after offset \d+, .*started at offset 4: the dump is out of order",
+    ):
+        ingest_file(settings, dump)
+    assert not bronze_coordinates(settings)
+    dump.write_bytes(b"".join(customers))
+    ingest_file(settings, dump)
+    assert set(bronze_coordinates(settings)) == {("dbserver1.inventory.customers", 0, o) for o in range(len(customers))}
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":null,"payload":null,"payload_error":"schema id 42 gone"}',
+            r"kcat could not deserialize the record \(payload_error: schema id 42 gone\)",
+        ),
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":null,"value":"{}"}',
+            r"missing 'payload' \(null for a tombstone\)",
+        ),
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":null,"payload":{"op":"c"}}',
+            r"'payload' must be a string or null, not a JSON object \(kcat deserializes with -s",
+        ),
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":"\xff","payl',
+            r"not a kcat -J JSON line \((?!str is not valid UTF-8)",
+        ),
+        (b"\x1f\x8b\x08\x00", r"not a kcat -J JSON line .* \(a gzip-compressed dump: decompress it first\)$"),
+    ],
+    ids=["payload-error", "no-payload", "deserialized", "cut-short", "gzip"],
+)
+def test_lines_without_the_records_bytes_stop_ingest_naming_why(line: bytes, reason: str) -> None:
+    """A record kcat could not deserialize (-s) has a null payload and a payload_error: it landed as a tombstone,
+    silently dropping a change (as did a line without a payload). A broken line with bytes that are not UTF-8 was
+    blamed on UTF-8."""
+    from ingest.sources.file import parse_line
+
+    with pytest.raises(ConfigError, match=r"^dump\.jsonl:7: " + reason):
+        parse_line(line + b"\n", "dump.jsonl:7")
+
+
+def test_a_named_pipe_is_a_dump(lakehouse: Path, tmp_path: Path) -> None:
+    """`kcat -C -J ... > fifo` feeding ingest: a named pipe was refused as "file not found"."""
+    import os
+    import threading
+
+    settings = make_settings(lakehouse)
+    fifo = tmp_path / "dump.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_bytes, args=(PG_DUMP.read_bytes(),), daemon=True)
+    writer.start()
+    ingest_file(settings, fifo)
+    writer.join(10)
+    assert bronze_coordinates(settings) == every_pg_record()
+
+
 def test_a_crash_after_the_dead_letter_commit_keeps_each_record_in_one_table(lakehouse: Path, tmp_path: Path) -> None:
     """Dead letters commit before the data tables. The process dies in between: on restart the records after the
     data table's offsets are read again, and one that decoded the first time (its schema elided, typed with the

@@ -2,7 +2,9 @@
 
 Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone. Only
 the topics the configuration follows are read (all, unless source.topics or source.topic_pattern say). As
-from Kafka, offsets increase within a partition: a record at or below an offset read before is skipped (logged).
+from Kafka, offsets increase within a partition: a record at or below an offset read before is skipped (logged),
+and one below every offset of its partition read before (a dump out of order) stops ingest. The last line of a dump
+kcat is still writing may be cut short: it is read once it is whole.
 A Kafka key or value may be any bytes: kcat writes bytes that are not UTF-8 into the JSON string as they are, and
 they are read back as the same bytes (so such a record reaches the decoder, and the dead-letter table, unchanged).
 """
@@ -34,19 +36,24 @@ def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
             return value.encode("utf-8", errors="surrogateescape")
         except UnicodeEncodeError:
             return value.encode("utf-8", errors="surrogatepass")
-    raise ConfigError(f"{where}: '{field}' must be a string or null")
+    kind = "a JSON " + ("object" if isinstance(value, dict) else type(value).__name__)
+    raise ConfigError(
+        f"{where}: '{field}' must be a string or null, not {kind} (kcat deserializes with -s; dump with `kcat -C -J` "
+        "and no -s, so that it is the record's bytes)"
+    )
 
 
 def parse_line(line: bytes, where: str) -> RawRecord:
     lenient = False
     try:
         item = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
+    except orjson.JSONDecodeError:
         try:
             # Bytes that are not UTF-8 (raw, or as \udcXX escapes): stdlib json keeps them as lone surrogates.
             item = json.loads(line.decode("utf-8", errors="surrogateescape"))
-        except ValueError:
-            raise ConfigError(f"{where}: not a kcat -J JSON line ({exc})") from None
+        except ValueError as exc:  # this parser's reason: orjson's blames the bytes that are not UTF-8
+            hint = " (a gzip-compressed dump: decompress it first)" if line.startswith(b"\x1f\x8b") else ""
+            raise ConfigError(f"{where}: not a kcat -J JSON line ({exc}){hint}") from None
         lenient = True
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: not a kcat -J JSON object")
@@ -61,6 +68,16 @@ def parse_line(line: bytes, where: str) -> RawRecord:
             topic.encode("utf-8")
         except UnicodeEncodeError:
             raise ConfigError(f"{where}: the topic name is not valid UTF-8") from None
+    # kcat writes "payload" always (null for a tombstone). Without it, or where kcat says it could not deserialize a
+    # key or value (-s), the record's bytes are not in the dump: landing it would make a tombstone of a change.
+    if "payload" not in item:
+        raise ConfigError(f"{where}: missing 'payload' (null for a tombstone)")
+    for field in ("key_error", "payload_error"):
+        if item.get(field) is not None:
+            raise ConfigError(
+                f"{where}: kcat could not deserialize the record ({field}: {item[field]}); dump the topic with "
+                "`kcat -C -J` and no -s, so that key and payload are the record's bytes"
+            )
     timestamp = item.get("ts")
     return RawRecord(
         topic=topic,
@@ -78,8 +95,10 @@ class FileSource:
 
     def __init__(self, path: str | Path, topics: Collection[str] = (), topic_pattern: str | None = None) -> None:
         self.path = Path(path)
-        if not self.path.is_file():
+        if not self.path.exists():  # a named pipe (kcat ... > fifo) or /dev/stdin will do, read once
             raise ConfigError(f"source.path {self.path}: file not found")
+        if self.path.is_dir():
+            raise ConfigError(f"source.path {self.path}: a directory, not a dump")
         self._selection = TopicSelection.of(topics, topic_pattern)
         self._selected: dict[str, bool] = {}
         self.unselected = 0  # records of topics not followed
@@ -87,7 +106,9 @@ class FileSource:
         self._lines: Iterator[tuple[int, bytes]] = iter(())
         self._resolve: OffsetResolver | None = None
         self._positions: dict[tuple[str, int], int | None] = {}
+        self._first_read: dict[tuple[str, int], int] = {}  # the first offset read per partition
         self._last_read: dict[tuple[str, int], int] = {}  # the greatest offset read so far per partition
+        self._unfinished: tuple[int, bytes] | None = None  # the last line so far, kcat still writing it
         self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
 
@@ -98,10 +119,18 @@ class FileSource:
 
     def _wanted(self, record: RawRecord, where: str) -> bool:
         """Whether to hand ``record`` over: not below where bronze resumes its partition, and, as from Kafka, at a
-        greater offset than any record of its partition before it (a dump appended twice, or concatenated out of
-        order, would otherwise land those records twice: bronze's offsets only say where a partition resumes)."""
+        greater offset than any record of its partition before it (a dump appended twice, or a range repeated, would
+        otherwise land those records twice: bronze's offsets only say where a partition resumes)."""
         tp = (record.topic, record.partition)
         last = self._last_read.get(tp)
+        if last is not None and record.offset < self._first_read[tp] and record.offset >= (self._start(tp) or 0):
+            # Offsets this pass never read and bronze does not hold (a dump of a later range put before an earlier
+            # one): skipped like a repeat, they would be lost for good, bronze's offset being past them.
+            raise ConfigError(
+                f"{where}: {record.topic}[{record.partition}] offset {record.offset} comes after offset {last}, and "
+                f"this dump's records of the partition started at offset {self._first_read[tp]}: the dump is out of "
+                "order; sort it by partition and offset"
+            )
         if last is not None and record.offset <= last:
             if not self.repeated:
                 log.warning(
@@ -116,11 +145,16 @@ class FileSource:
             self.repeated += 1
             return False
         self._last_read[tp] = record.offset
+        self._first_read.setdefault(tp, record.offset)
+        start = self._start(tp)
+        return start is None or record.offset >= start
+
+    def _start(self, tp: tuple[str, int]) -> int | None:
+        """Where bronze resumes the partition (None: it holds none of it)."""
         if tp not in self._positions:
             assert self._resolve is not None
             self._positions[tp] = self._resolve(*tp)
-        start = self._positions[tp]
-        return start is None or record.offset >= start
+        return self._positions[tp]
 
     def _follows(self, topic: str) -> bool:
         selected = self._selected.get(topic)
@@ -131,10 +165,20 @@ class FileSource:
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         batch: list[RawRecord] = []
         for number, line in self._lines:
+            if self._unfinished is not None:  # the rest of the line kcat was writing
+                (number, start), self._unfinished = self._unfinished, None
+                line = start + line
             if not line.strip():
                 continue
             where = f"{self.path}:{number}"
-            record = parse_line(line, where)
+            try:
+                record = parse_line(line, where)
+            except ConfigError:
+                if line.endswith(b"\n"):
+                    raise
+                # The last line so far, cut short (kcat writes in blocks): read once it is whole, not now.
+                self._unfinished = (number, line)
+                break
             if not self._follows(record.topic):
                 self.unselected += 1
                 continue
@@ -158,6 +202,13 @@ class FileSource:
 
     def close(self) -> None:
         if self._handle is not None:
+            if self._unfinished is not None:
+                log.warning(
+                    "%s:%d: the last line is unfinished (no newline, not JSON yet): not read; the next run reads it "
+                    "once it is whole",
+                    self.path,
+                    self._unfinished[0],
+                )
             if self.repeated:
                 log.warning(
                     "%s: skipped %d record(s) whose offsets did not increase within their partition",
