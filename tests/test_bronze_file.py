@@ -242,6 +242,29 @@ def test_an_unfinished_last_line_is_read_once_it_is_whole(
     assert bronze_coordinates(settings) == every_pg_record()
 
 
+def test_a_dump_followed_as_kcat_writes_it_names_its_lines_right(tmp_path: Path) -> None:
+    """The service follows a dump kcat is writing: a line that arrives in pieces is one line (the pieces counted as
+    lines moved every later line number in messages), and a last line that is JSON but fails a check is refused for
+    its reason, not waited for as unfinished."""
+    from ingest.sources.file import FileSource
+
+    lines = PG_DUMP.read_bytes().splitlines(keepends=True)
+    dump = tmp_path / "followed.jsonl"
+    dump.write_bytes(b"".join(lines[:2]))
+    source = FileSource(dump)
+    source.start(lambda topic, partition: None)
+    assert len(source.poll(100, 0)) == 2
+    for piece in (lines[2][:30], lines[2][30:60], lines[2][60:]):
+        with dump.open("ab") as handle:
+            handle.write(piece)
+        source.poll(100, 0)
+    with dump.open("ab") as handle:
+        handle.write(b'{"topic":"t","partition":0,"offset":1,"key":null,"payload":null,"payload_error":"x"}')
+    with pytest.raises(ConfigError, match=r"followed\.jsonl:4: kcat could not deserialize the record"):
+        source.poll(100, 0)
+    source.close()
+
+
 def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tmp_path: Path) -> None:
     """Two dumps of a partition concatenated the wrong way round (`cat later.jsonl earlier.jsonl`): the earlier
     records came after offsets read already and were skipped as repeats, while bronze's offset moved past them,

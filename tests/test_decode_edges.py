@@ -145,6 +145,9 @@ def test_values_a_commit_cannot_write_are_dead_letters() -> None:
     empty_after = [{"type": "struct", "optional": True, "field": "after", "fields": []}]
     source = {"type": "struct", "field": "source", "fields": [{"type": "string", "field": "connector"}]}
     empty_schema = {"type": "struct", "fields": [*empty_after, source, {"type": "string", "field": "op"}]}
+    tags = {"type": "array", "optional": True, "field": "tags", "items": {"type": "struct", "fields": []}}
+    tags_after = [{"type": "struct", "optional": True, "field": "after", "fields": [tags]}]
+    tags_schema = {"type": "struct", "fields": [*tags_after, source, {"type": "string", "field": "op"}]}
     records = [
         RawRecord(  # schemaless: ts_ms beyond a long
             "j.s.orders",
@@ -183,11 +186,33 @@ def test_values_a_commit_cannot_write_are_dead_letters() -> None:
         RawRecord(
             "p.s.orders", 0, 4, 1, b'{"id":2}', b'{"after":{"id":2},"source":{"connector":"postgresql"},"op":"c"}'
         ),
+        RawRecord(  # an array of such structs
+            "e.s.orders",
+            0,
+            5,
+            1,
+            None,
+            b'{"schema":%s,"payload":{"after":{"tags":[{}]},"source":{"connector":"postgresql"},"op":"c"}}'
+            % orjson.dumps(tags_schema),
+        ),
     ]
     assert dead_letter_errors(records) == {
         0: "value.ts_ms: expected int64, got 9223372036854775808",
         1: "source.lsn=9223372036854775808 is not a valid postgresql LSN (beyond a 63-bit position)",
         2: "source.sequence[1]='FFFFFFFF/FFFFFFFF' is not a valid postgresql LSN (beyond a 63-bit position)",
         3: "after: a struct with no fields cannot be stored",
+        5: "after: tags: a struct with no fields cannot be stored",
     }
     assert run(records, True, 5000).stats.records_in == len(records)
+
+
+def test_long_integers_a_long_holds_are_not_read_again() -> None:
+    """Debezium 2.6+ writes ts_us (16 digits) and ts_ns (19) in every record: read again with the standard library's
+    parser, a schemaless record took twice as long to decode. orjson reads every 64-bit integer exactly."""
+    from ingest.bronze.rows import with_exact_numbers
+
+    raw = b'{"after":{"id":1},"ts_ms":1700000000000,"ts_us":1700000000000000,"ts_ns":1700000000000000000,"op":"c"}'
+    value = orjson.loads(raw)
+    assert with_exact_numbers(value, raw) is value
+    inexact = b'{"amount":1234567890.123456789,"id":18446744073709551616}'
+    assert orjson.dumps(with_exact_numbers(orjson.loads(inexact), inexact)) == inexact

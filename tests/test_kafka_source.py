@@ -138,11 +138,11 @@ def test_partitions_new_to_the_subscription_get_the_whole_handover_grace() -> No
     """A topic created (or partitions added) while `--once` read a backlog: the grace was timed from the last
     assignment, long past, so the run ended at once, saying another member held partitions nobody held yet (the
     rebalance that assigns them comes with librdkafka's next metadata refresh)."""
-    source = waiting_for_the_first_assignment({("a", 0)}, 100.0)
+    source = waiting_for_the_first_assignment({("a", 0), ("a", 1)}, 100.0)  # another member reads a[1]
     source._assigned_once, source._assigned, source._at_eof = True, {("a", 0)}, {("a", 0)}
     source._assignment_changed_at = time.monotonic() - 100.0
-    assert source.caught_up(once=True)
-    source._subscribed = {("a", 0), ("a", 1)}  # the topic got a partition
+    assert source.caught_up(once=True)  # a[1] stayed with the other member since the last assignment
+    source._subscribed = {("a", 0), ("a", 1), ("a", 2)}  # the topic got a partition
     assert not source.caught_up(once=True)
     source._held_grew_at -= source._handover_grace_s
     assert source.caught_up(once=True)

@@ -228,10 +228,11 @@ def _exact_document(data: bytes | None) -> Any:
         raise DecodeError(f"not JSON: {exc}") from None
 
 
-# 16 digits or more in a row (a dot may sit among them): a JSON number orjson may have read as a double that lost
-# digits (decimal.format=NUMERIC writes decimals as JSON numbers; integers of 2**64 and more). Digits in a string
-# match too: that document is only read once more for nothing.
-_LONG_NUMBER = re.compile(rb"[0-9](?:\.?[0-9]){15,}")
+# A JSON number orjson may have read as a double that lost digits: an integer of 20 digits or more (2**64 and up;
+# orjson reads every 64-bit integer exactly, Debezium's ts_us and ts_ns among them), or one with a fraction or an
+# exponent and 16 significant digits or more (decimal.format=NUMERIC writes decimals as JSON numbers). Digits in a
+# string may match too: that document is only read once more for nothing.
+_LONG_NUMBER = re.compile(rb"[0-9]{20,}|(?=[0-9.]{17})[0-9]+\.[0-9]|[0-9]{16,}[eE]")
 
 
 def with_exact_numbers(value: Any, data: bytes | None, *, enveloped: bool = True) -> Any:

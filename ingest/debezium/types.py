@@ -123,7 +123,10 @@ def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataTy
         key_type = arrow_type(schema["keys"], variable_scale=variable_scale)
         return pa.map_(key_type, arrow_type(schema["values"], variable_scale=variable_scale))
     if kind == "struct":
-        return pa.struct(struct_fields(schema, variable_scale=variable_scale))
+        fields = struct_fields(schema, variable_scale=variable_scale)
+        if not fields:  # Parquet cannot write a struct without fields (a table with no columns): the commit would fail
+            raise DecodeError("a struct with no fields cannot be stored")
+        return pa.struct(fields)
     raise DecodeError(f"unsupported Connect schema type {kind!r} (name {name!r})")
 
 
@@ -157,9 +160,6 @@ def struct_fields(schema: dict[str, Any], *, variable_scale: int = 10) -> list[p
             field_type = arrow_type(field, variable_scale=variable_scale)
         except DecodeError as exc:
             raise DecodeError(f"{field.get('field')}: {exc}") from None
-        if pa.types.is_struct(field_type) and field_type.num_fields == 0:
-            # Parquet cannot write a struct without fields (a table with no columns): the commit would fail.
-            raise DecodeError(f"{field.get('field')}: a struct with no fields cannot be stored")
         typed.append(pa.field(field["field"], field_type, nullable=True))
     return typed
 

@@ -27,6 +27,10 @@ from ingest.sources.base import OffsetResolver, TopicSelection
 log = logging.getLogger(__name__)
 
 
+class NotJsonLineError(ConfigError):
+    """A line of a dump that is not JSON at all (perhaps cut short: the last line of a dump kcat is writing)."""
+
+
 def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
     if value is None:
         return None
@@ -53,7 +57,7 @@ def parse_line(line: bytes, where: str) -> RawRecord:
             item = json.loads(line.decode("utf-8", errors="surrogateescape"))
         except ValueError as exc:  # this parser's reason: orjson's blames the bytes that are not UTF-8
             hint = " (a gzip-compressed dump: decompress it first)" if line.startswith(b"\x1f\x8b") else ""
-            raise ConfigError(f"{where}: not a kcat -J JSON line ({exc}){hint}") from None
+            raise NotJsonLineError(f"{where}: not a kcat -J JSON line ({exc}){hint}") from None
         lenient = True
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: not a kcat -J JSON object")
@@ -103,19 +107,20 @@ class FileSource:
         self._selected: dict[str, bool] = {}
         self.unselected = 0  # records of topics not followed
         self._handle: IO[bytes] | None = None
-        self._lines: Iterator[tuple[int, bytes]] = iter(())
+        self._lines: Iterator[bytes] = iter(())
+        self._line_number = 0  # of the last whole line read
         self._resolve: OffsetResolver | None = None
         self._positions: dict[tuple[str, int], int | None] = {}
         self._first_read: dict[tuple[str, int], int] = {}  # the first offset read per partition
         self._last_read: dict[tuple[str, int], int] = {}  # the greatest offset read so far per partition
-        self._unfinished: tuple[int, bytes] | None = None  # the last line so far, kcat still writing it
+        self._unfinished: bytes | None = None  # the last line so far, kcat still writing it
         self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
 
     def start(self, resolve: OffsetResolver) -> None:
         self._resolve = resolve
         self._handle = self.path.open("rb")
-        self._lines = enumerate(self._handle, start=1)
+        self._lines = iter(self._handle)
 
     def _wanted(self, record: RawRecord, where: str) -> bool:
         """Whether to hand ``record`` over: not below where bronze resumes its partition, and, as from Kafka, at a
@@ -164,21 +169,22 @@ class FileSource:
 
     def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
         batch: list[RawRecord] = []
-        for number, line in self._lines:
-            if self._unfinished is not None:  # the rest of the line kcat was writing
-                (number, start), self._unfinished = self._unfinished, None
-                line = start + line
+        for piece in self._lines:
+            line = piece if self._unfinished is None else self._unfinished + piece  # the rest of a cut line
+            self._unfinished = None
             if not line.strip():
+                self._line_number += 1
                 continue
-            where = f"{self.path}:{number}"
+            where = f"{self.path}:{self._line_number + 1}"
             try:
                 record = parse_line(line, where)
-            except ConfigError:
+            except NotJsonLineError:
                 if line.endswith(b"\n"):
                     raise
                 # The last line so far, cut short (kcat writes in blocks): read once it is whole, not now.
-                self._unfinished = (number, line)
+                self._unfinished = line
                 break
+            self._line_number += 1
             if not self._follows(record.topic):
                 self.unselected += 1
                 continue
@@ -207,7 +213,7 @@ class FileSource:
                     "%s:%d: the last line is unfinished (no newline, not JSON yet): not read; the next run reads it "
                     "once it is whole",
                     self.path,
-                    self._unfinished[0],
+                    self._line_number + 1,
                 )
             if self.repeated:
                 log.warning(

@@ -154,8 +154,11 @@ class KafkaSource:
         self._subscribed_known = False  # a metadata request answered once
         self._reported_held: frozenset[tuple[str, int]] = frozenset()  # what was logged, to log each change once
         self._accepted_held: frozenset[tuple[str, int]] = frozenset()
-        self._held: frozenset[tuple[str, int]] = frozenset()  # held by other members when last looked at
-        self._held_grew_at = 0.0  # when a partition last joined them
+        # Held by other members when last looked at (None: not yet; the first look is the baseline), and when a
+        # partition last joined them.
+        self._held: frozenset[tuple[str, int]] | None = None
+        self._held_grew_at = 0.0
+        self._next_generation = False  # group.protocol consumer (KIP-848)
         self._handover_grace_s = 12.0
         self._selection = TopicSelection.of(settings.topics, settings.topic_pattern)
         self._cooperative = False
@@ -171,10 +174,13 @@ class KafkaSource:
         session_s = int(config.get("session.timeout.ms", 45000)) / 1000
         self._handover_grace_s = 2 * session_s
         # The coordinator completes a join once the members it waits for rejoined or timed out: a member that died
-        # holds its partitions for its session.timeout.ms (the same setting as this one's, usually).
-        self._join_deadline_s = JOIN_GRACE_S + max(45.0, 3 * session_s)
+        # holds its partitions for its session.timeout.ms (the same setting as this one's, usually), a busy one for
+        # up to its max.poll.interval.ms.
+        max_poll_s = int(config.get("max.poll.interval.ms", 300000)) / 1000
+        self._join_deadline_s = JOIN_GRACE_S + max(45.0, 3 * session_s, max_poll_s + session_s)
         strategy = str(config.get("partition.assignment.strategy", "")).lower()
-        self._cooperative = "cooperative" in strategy or _next_generation_protocol(config)
+        self._next_generation = _next_generation_protocol(config)
+        self._cooperative = "cooperative" in strategy or self._next_generation
         try:
             self._consumer = Consumer(config, logger=log)
         except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
@@ -354,10 +360,11 @@ class KafkaSource:
         if not self._assigned <= self._at_eof:
             return False
         held = self._held_elsewhere()
-        if not held - self._held:
-            self._held = held
-        else:  # new partitions (a topic created, partitions added): the rebalance that assigns them is still to come
-            self._held, self._held_grew_at = held, time.monotonic()
+        if self._held is not None and held - self._held:
+            # New partitions (a topic created, partitions added): the rebalance that assigns them is still to come.
+            # (Those that appeared before the first look count as held since the last assignment.)
+            self._held_grew_at = time.monotonic()
+        self._held = held
         if not held:
             return True
         # Partitions of the subscription that another member holds: a dead one loses them when its session
@@ -394,6 +401,10 @@ class KafkaSource:
         waited = time.monotonic() - self._join_started_at
         if waited < JOIN_GRACE_S:
             return False
+        if self._next_generation:
+            # KIP-848 joins without a stop-the-world rebalance, and librdkafka reports no empty assignment: a member
+            # the group gives nothing to (more members than partitions) hears nothing. Nothing to read, then.
+            return True
         pending = self._held_elsewhere()  # nothing assigned yet: every partition of the subscription
         if not pending and self._subscribed_known:
             return True
