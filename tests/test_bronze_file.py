@@ -259,8 +259,18 @@ def test_a_dump_followed_as_kcat_writes_it_names_its_lines_right(tmp_path: Path)
             handle.write(piece)
         source.poll(100, 0)
     with dump.open("ab") as handle:
-        handle.write(b'{"topic":"t","partition":0,"offset":1,"key":null,"payload":null,"payload_error":"x"}')
-    with pytest.raises(ConfigError, match=r"followed\.jsonl:4: kcat could not deserialize the record"):
+        handle.write(lines[3].rstrip(b"\n"))  # a whole line, its newline to come
+    assert len(source.poll(100, 0)) == 1
+    with dump.open("ab") as handle:
+        handle.write(b'\n{"topic":"t","partition":0,"offset":1,"key":null,"payload":null,"payload_error":"x"}')
+    with pytest.raises(ConfigError, match=r"followed\.jsonl:5: kcat could not deserialize the record"):
+        source.poll(100, 0)
+    source.close()
+    gzipped = tmp_path / "dump.jsonl.gz"
+    gzipped.write_bytes(b"\x1f\x8b\x08\x00")  # no newline: not a line kcat is still writing
+    source = FileSource(gzipped)
+    source.start(lambda topic, partition: None)
+    with pytest.raises(ConfigError, match=r"decompress it first"):
         source.poll(100, 0)
     source.close()
 

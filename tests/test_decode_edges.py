@@ -214,5 +214,9 @@ def test_long_integers_a_long_holds_are_not_read_again() -> None:
     raw = b'{"after":{"id":1},"ts_ms":1700000000000,"ts_us":1700000000000000,"ts_ns":1700000000000000000,"op":"c"}'
     value = orjson.loads(raw)
     assert with_exact_numbers(value, raw) is value
-    inexact = b'{"amount":1234567890.123456789,"id":18446744073709551616}'
-    assert orjson.dumps(with_exact_numbers(orjson.loads(inexact), inexact)) == inexact
+    for inexact in (
+        b'{"amount":1234567890.123456789,"id":18446744073709551616}',
+        b'{"id":-9223372036854775809}',  # a negative 19-digit integer beyond 64 bits
+        b'{"tiny":1E-400}',  # below a double's range (orjson reads 0.0)
+    ):
+        assert orjson.dumps(with_exact_numbers(orjson.loads(inexact), inexact)) == inexact

@@ -228,11 +228,12 @@ def _exact_document(data: bytes | None) -> Any:
         raise DecodeError(f"not JSON: {exc}") from None
 
 
-# A JSON number orjson may have read as a double that lost digits: an integer of 20 digits or more (2**64 and up;
-# orjson reads every 64-bit integer exactly, Debezium's ts_us and ts_ns among them), or one with a fraction or an
-# exponent and 16 significant digits or more (decimal.format=NUMERIC writes decimals as JSON numbers). Digits in a
-# string may match too: that document is only read once more for nothing.
-_LONG_NUMBER = re.compile(rb"[0-9]{20,}|(?=[0-9.]{17})[0-9]+\.[0-9]|[0-9]{16,}[eE]")
+# A JSON number orjson may have read as a double that lost digits: an integer of 20 digits or more, or a negative
+# one of 19 (beyond 64 bits; orjson reads every 64-bit integer exactly, Debezium's ts_us and ts_ns among them), one
+# with a fraction or an exponent and 16 significant digits or more (decimal.format=NUMERIC writes decimals as JSON
+# numbers), or an exponent of 3 digits (beyond a double's range). Digits in a string may match too: that document
+# is only read once more for nothing.
+_LONG_NUMBER = re.compile(rb"-[0-9]{19}|[0-9]{20,}|(?=[0-9.]{17})[0-9]+\.[0-9]|[0-9]{16,}[eE]|[eE][-+]?[0-9]{3}")
 
 
 def with_exact_numbers(value: Any, data: bytes | None, *, enveloped: bool = True) -> Any:

@@ -25,6 +25,7 @@ from ingest.errors import ConfigError
 from ingest.sources.base import OffsetResolver, TopicSelection
 
 log = logging.getLogger(__name__)
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class NotJsonLineError(ConfigError):
@@ -56,7 +57,7 @@ def parse_line(line: bytes, where: str) -> RawRecord:
             # Bytes that are not UTF-8 (raw, or as \udcXX escapes): stdlib json keeps them as lone surrogates.
             item = json.loads(line.decode("utf-8", errors="surrogateescape"))
         except ValueError as exc:  # this parser's reason: orjson's blames the bytes that are not UTF-8
-            hint = " (a gzip-compressed dump: decompress it first)" if line.startswith(b"\x1f\x8b") else ""
+            hint = " (a gzip-compressed dump: decompress it first)" if line.startswith(_GZIP_MAGIC) else ""
             raise NotJsonLineError(f"{where}: not a kcat -J JSON line ({exc}){hint}") from None
         lenient = True
     if not isinstance(item, dict):
@@ -172,19 +173,20 @@ class FileSource:
         for piece in self._lines:
             line = piece if self._unfinished is None else self._unfinished + piece  # the rest of a cut line
             self._unfinished = None
+            whole = line.endswith(b"\n")  # a line counts once its newline is there
             if not line.strip():
-                self._line_number += 1
+                self._line_number += whole
                 continue
             where = f"{self.path}:{self._line_number + 1}"
             try:
                 record = parse_line(line, where)
             except NotJsonLineError:
-                if line.endswith(b"\n"):
+                if whole or line.startswith(_GZIP_MAGIC):
                     raise
                 # The last line so far, cut short (kcat writes in blocks): read once it is whole, not now.
                 self._unfinished = line
                 break
-            self._line_number += 1
+            self._line_number += whole
             if not self._follows(record.topic):
                 self.unselected += 1
                 continue

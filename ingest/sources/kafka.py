@@ -159,6 +159,7 @@ class KafkaSource:
         self._held: frozenset[tuple[str, int]] | None = None
         self._held_grew_at = 0.0
         self._next_generation = False  # group.protocol consumer (KIP-848)
+        self._metadata_refresh_s = 5.0
         self._handover_grace_s = 12.0
         self._selection = TopicSelection.of(settings.topics, settings.topic_pattern)
         self._cooperative = False
@@ -180,6 +181,7 @@ class KafkaSource:
         self._join_deadline_s = JOIN_GRACE_S + max(45.0, 3 * session_s, max_poll_s + session_s)
         strategy = str(config.get("partition.assignment.strategy", "")).lower()
         self._next_generation = _next_generation_protocol(config)
+        self._metadata_refresh_s = int(config.get("topic.metadata.refresh.interval.ms", 300000)) / 1000
         self._cooperative = "cooperative" in strategy or self._next_generation
         try:
             self._consumer = Consumer(config, logger=log)
@@ -356,14 +358,23 @@ class KafkaSource:
         if self._unreachable is not None:
             return False  # cannot tell, and no progress is being made: not caught up
         if not self._assigned_once:
-            return self._nothing_to_join(once)
+            if not (self._next_generation and time.monotonic() - self._join_started_at >= JOIN_GRACE_S):
+                return self._nothing_to_join(once)
+            # KIP-848 joins without a stop-the-world rebalance, and librdkafka reports no empty assignment: none
+            # after the grace is taken as an empty one, whose partitions are held elsewhere (a dead member's until
+            # its session ends, then handed over) or not at all (no such topic).
+            self._assigned_once, self._assignment_changed_at = True, time.monotonic()
         if not self._assigned <= self._at_eof:
             return False
         held = self._held_elsewhere()
-        if self._held is not None and held - self._held:
-            # New partitions (a topic created, partitions added): the rebalance that assigns them is still to come.
-            # (Those that appeared before the first look count as held since the last assignment.)
-            self._held_grew_at = time.monotonic()
+        now = time.monotonic()
+        if self._held is None:
+            # The first look, once this member's partitions are read: a partition that appeared lately (a topic
+            # created, partitions added) is assigned after librdkafka's next metadata refresh and a rebalance. One
+            # held by a live member since the assignment is not waited for again, but for that refresh.
+            self._held_grew_at = now - max(self._handover_grace_s - self._metadata_refresh_s, 0.0)
+        elif held - self._held:  # new partitions: the rebalance that assigns them is still to come
+            self._held_grew_at = now
         self._held = held
         if not held:
             return True
@@ -401,10 +412,6 @@ class KafkaSource:
         waited = time.monotonic() - self._join_started_at
         if waited < JOIN_GRACE_S:
             return False
-        if self._next_generation:
-            # KIP-848 joins without a stop-the-world rebalance, and librdkafka reports no empty assignment: a member
-            # the group gives nothing to (more members than partitions) hears nothing. Nothing to read, then.
-            return True
         pending = self._held_elsewhere()  # nothing assigned yet: every partition of the subscription
         if not pending and self._subscribed_known:
             return True
