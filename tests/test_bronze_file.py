@@ -181,6 +181,61 @@ def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) ->
     )
 
 
+def test_changes_iceberg_cannot_evolve_to_are_dead_letters(lakehouse: Path, tmp_path: Path) -> None:
+    """Found by a review of bronze's schema evolution: a map's key type widening (Iceberg never changes one: the
+    commit raised pyiceberg's ValueError, on every restart) and a column named again in another case only (two
+    columns Spark cannot tell apart) are dead letters naming the column, each in a flush of its own."""
+    settings = make_settings(lakehouse)
+    int_map = {"type": "map", "keys": {"type": "int32"}, "values": {"type": "string"}, "field": "m", "optional": True}
+    long_map = {**int_map, "keys": {"type": "int64"}}
+    dump = write_dump(
+        tmp_path / "evolve.jsonl",
+        [
+            ("p.s.t", 0, key(1), schema_record([ID, int_map, NAME], {"id": 1, "m": [[1, "a"]], "name": "x"}, 10)),
+            ("p.s.t", 1, key(2), schema_record([ID, long_map, NAME], {"id": 2, "m": [[2, "b"]], "name": "y"}, 11)),
+            ("p.s.t", 2, key(3), schema_record([ID, {**NAME, "field": "Name"}], {"id": 3, "Name": "z"}, 12)),
+            ("p.s.t", 3, key(4), schema_record([ID, int_map, NAME], {"id": 4, "m": [[4, "d"]], "name": "w"}, 13)),
+        ],
+    )
+    ingest_file(settings, dump, max_records=1)
+    data = load_catalog(settings).load_table("bronze.p_s_t").scan().to_arrow()
+    assert sorted(data.column("_cdc_offset").to_pylist()) == [0, 3]
+    errors = {letter["_cdc_offset"]: letter["_cdc_error"] for letter in rows(settings, DEAD_LETTER_TABLE)}
+    assert sorted(errors) == [1, 2]
+    assert re.search(
+        r"column (before|after)\.m\.key changed type from int32 to int64; Iceberg never changes", errors[1]
+    )
+    assert re.search(r"column (before|after)\.Name differs from column (before|after)\.name only in case", errors[2])
+
+
+def test_a_value_field_named_like_a_cdclake_column_is_a_dead_letter(lakehouse: Path, tmp_path: Path) -> None:
+    """A top-level value field `_cdc_offset` (no Debezium envelope has one; another producer's may) replaced the
+    record's Kafka offset: the commit then took the records for ones landed before and dropped them, silently."""
+    settings = make_settings(lakehouse)
+    records: list[tuple[str, int, Any, Any]] = [("p.s.t", 0, key(1), schema_record([ID], {"id": 1}, 10))]
+    odd = schema_record([ID], {"id": 2}, 11)
+    odd["schema"]["fields"].append({"type": "int64", "field": "_cdc_offset", "optional": True})
+    odd["payload"]["_cdc_offset"] = 0
+    records += [("p.s.t", 1, key(2), odd), ("p.s.t", 2, key(3), schema_record([ID], {"id": 3}, 12))]
+    records.append(
+        (
+            "j.s.t",
+            3,
+            {"id": 4},
+            {"after": {"id": 4}, "source": {"connector": "informix"}, "op": "c", "_cdc_topic": "other"},
+        )
+    )
+    ingest_file(settings, write_dump(tmp_path / "reserved.jsonl", records))
+    assert bronze_coordinates(settings) == Counter(
+        {("p.s.t", 0, 0): 1, ("p.s.t", 0, 1): 1, ("p.s.t", 0, 2): 1, ("j.s.t", 0, 3): 1}
+    )
+    errors = {letter["_cdc_offset"]: letter["_cdc_error"] for letter in rows(settings, DEAD_LETTER_TABLE)}
+    assert errors == {
+        1: "value field _cdc_offset has the name of one of cdclake's own columns",
+        3: "value field _cdc_topic has the name of one of cdclake's own columns",
+    }
+
+
 def test_type_conflict_can_stop_the_service(lakehouse: Path, tmp_path: Path) -> None:
     from ingest.errors import TypeConflictError
 

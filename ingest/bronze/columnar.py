@@ -32,9 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.bronze.rows import (
-    CHANGE_FIELDS,
-    COORDINATE_FIELDS,
     LAST_KAFKA_TS_MS,
+    RESERVED_COLUMNS,
     UTC_US,
     RowBuilder,
     with_exact_numbers,
@@ -46,7 +45,6 @@ from ingest.errors import DecodeError
 
 log = logging.getLogger(__name__)
 Mask = Any  # a pyarrow BooleanArray without nulls (True: back to the per-record path), or None: none is
-_RESERVED = frozenset(f.name for f in [*COORDINATE_FIELDS, *CHANGE_FIELDS]) | {"key"}
 _MIN_DAYS = (dt.date(1, 1, 1) - dt.date(1970, 1, 1)).days
 _MAX_DAYS = (dt.date(9999, 12, 31) - dt.date(1970, 1, 1)).days
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -529,7 +527,7 @@ def _transaction_plan(
 ) -> Plan:
     value = _Struct(_struct_fields(value_schema, variable_scale, 0))
     value_fields = {name: index for index, (name, _, _) in enumerate(value.fields)}
-    if _RESERVED & value_fields.keys():
+    if RESERVED_COLUMNS & value_fields.keys():
         raise _IneligibleError
     for name in ("status", "id"):
         node = value.fields[value_fields[name]][1]
@@ -563,7 +561,7 @@ def make_plan(
                 raise _IneligibleError
             value = _Struct(_struct_fields(connect.with_snapshot_as_text(value_schema), variable_scale, 0))
             value_fields = {name: index for index, (name, _, _) in enumerate(value.fields)}
-            if _RESERVED & value_fields.keys() or "op" not in value_fields or "source" not in value_fields:
+            if RESERVED_COLUMNS & value_fields.keys() or "op" not in value_fields or "source" not in value_fields:
                 raise _IneligibleError
             op_node = value.fields[value_fields["op"]][1]
             source_node = value.fields[value_fields["source"]][1]

@@ -1,8 +1,10 @@
 """Schema evolution for bronze: union a record's columns into the table's, widening only where Iceberg can.
 
 Allowed: new columns (also nested struct fields), int -> long, float -> double, decimal(P,S) -> decimal(P',S) with
-P' >= P. Anything else raises :class:`TypeConflictError` naming table, column and both types, so a type flip after
-a connector restart never turns into silent coercion (memiiso/debezium-server-iceberg#49, #572, #580).
+P' >= P (not in a map's key: Iceberg never changes one). Anything else raises :class:`TypeConflictError` naming
+table, column and both types, so a type flip after a connector restart never turns into silent coercion
+(memiiso/debezium-server-iceberg#49, #572, #580); so does a new column whose name differs from one the table has
+only in case (Spark, case-insensitive, could not read either).
 """
 
 from __future__ import annotations
@@ -36,9 +38,14 @@ def _merge_type(table: str, path: str, current: pa.DataType, incoming: pa.DataTy
     if _is_list(current) and _is_list(incoming):
         return pa.list_(_merge_type(table, path + ".element", current.value_type, incoming.value_type))
     if pa.types.is_map(current) and pa.types.is_map(incoming):
-        key = _merge_type(table, path + ".key", current.key_type, incoming.key_type)
+        if not _normalize_deep(current.key_type).equals(_normalize_deep(incoming.key_type)):
+            raise TypeConflictError(
+                f"table {table}: column {path}.key changed type from {current.key_type} to {incoming.key_type}; "
+                "Iceberg never changes a map's key type: migrate the table (or map the topic to a new table) and "
+                "restart"
+            )
         value = _merge_type(table, path + ".value", current.item_type, incoming.item_type)
-        return pa.map_(key, value)
+        return pa.map_(current.key_type, value)
     if pa.types.is_integer(current) and pa.types.is_integer(incoming):
         return pa.int64() if pa.int64() in (current, incoming) else current
     if pa.types.is_floating(current) and pa.types.is_floating(incoming):
@@ -53,10 +60,19 @@ def _merge_type(table: str, path: str, current: pa.DataType, incoming: pa.DataTy
 
 def _merge_fields(table: str, prefix: str, current: list[pa.Field], incoming: list[pa.Field]) -> list[pa.Field]:
     merged: dict[str, pa.Field] = {field.name: field for field in current}
+    folded = {field.name.lower(): field.name for field in current}
     for field in incoming:
         existing = merged.get(field.name)
         if existing is None:
+            other = folded.get(field.name.lower())
+            if other is not None:
+                raise TypeConflictError(
+                    f"table {table}: column {prefix}{field.name} differs from column {prefix}{other} only in case, "
+                    "which Spark (case-insensitive) cannot tell apart; migrate the table (or map the topic to a new "
+                    "table) and restart"
+                )
             merged[field.name] = pa.field(field.name, _normalize_deep(field.type), nullable=True)
+            folded[field.name.lower()] = field.name
         else:
             merged_type = _merge_type(table, prefix + field.name, existing.type, field.type)
             merged[field.name] = pa.field(field.name, merged_type, nullable=True)

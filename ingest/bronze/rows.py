@@ -12,6 +12,7 @@ import decimal
 import enum
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,9 @@ LAST_KAFKA_TS_MS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC)
     milliseconds=1
 )
 PARTITION_SOURCE_COLUMN = "_cdc_ingested_at"
+# cdclake's own columns beside a record's: a top-level value field of one of these names is a dead letter (it would
+# replace the record's Kafka coordinates, or make two columns of one name).
+RESERVED_COLUMNS = frozenset(f.name for f in [*COORDINATE_FIELDS, *CHANGE_FIELDS]) | {"key"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +138,9 @@ class RowBuilder:
             if value_schema.get("type") != "struct":
                 raise DecodeError("value schema is not a struct")
             value_schema = with_snapshot_as_text(value_schema)
-            fields += struct_fields(value_schema, variable_scale=scale)
+            value_fields = struct_fields(value_schema, variable_scale=scale)
+            _refuse_reserved(field.name for field in value_fields)
+            fields += value_fields
             value_conv = struct_converter(value_schema, variable_scale=scale)
         compiled = (pa.schema(fields), key_conv, value_conv)
         self._compiled[cache_key] = compiled
@@ -190,6 +196,7 @@ class RowBuilder:
         row["key"] = key if isinstance(key, str) else json_text(with_exact_numbers(key, record.key))
         payload = with_exact_numbers(envelope.payload, record.value)
         if payload is not None and envelope.kind is RecordKind.CHANGE:
+            _refuse_reserved(payload)
             for name, value in payload.items():
                 if name == "op":
                     fields.append(pa.field(name, pa.string()))
@@ -211,6 +218,12 @@ class RowBuilder:
 
 
 _KEYLESS_TOMBSTONE_SCHEMA = pa.schema([*COORDINATE_FIELDS, *CHANGE_FIELDS])
+
+
+def _refuse_reserved(names: Iterable[str]) -> None:
+    taken = sorted(RESERVED_COLUMNS.intersection(names))
+    if taken:
+        raise DecodeError(f"value field {taken[0]} has the name of one of cdclake's own columns")
 
 
 def _exact_payload(data: bytes | None) -> Any:
