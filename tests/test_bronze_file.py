@@ -309,10 +309,13 @@ def test_a_dump_followed_as_kcat_writes_it_names_its_lines_right(tmp_path: Path)
     source = FileSource(dump)
     source.start(lambda topic, partition: None)
     assert len(source.poll(100, 0)) == 2
+    polled = []
     for piece in (lines[2][:30], lines[2][30:60], lines[2][60:]):
         with dump.open("ab") as handle:
             handle.write(piece)
-        source.poll(100, 0)
+        polled.append(source.poll(100, 0))
+    assert [len(batch) for batch in polled] == [0, 0, 1]  # the line once whole, and its record
+    assert polled[-1][0].offset == orjson.loads(lines[2])["offset"]
     with dump.open("ab") as handle:
         handle.write(lines[3].rstrip(b"\n"))  # a whole line, its newline to come
     assert len(source.poll(100, 0)) == 1

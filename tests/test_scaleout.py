@@ -154,7 +154,8 @@ def mismatches(rows: list[dict[str, Any]], stream: FakeStream) -> list[str]:
     """Silver against the generator's final state: the same keys and, column by column, the same values."""
     key_names = list(orjson.loads(next(iter(stream.expected), '{"id": 0}')))
     actual = {orjson.dumps({k: row[k] for k in key_names}, option=orjson.OPT_SORT_KEYS).decode(): row for row in rows}
-    problems = [f"missing from silver: {key}" for key in sorted(stream.expected.keys() - actual.keys())]
+    problems = [f"{len(rows) - len(actual)} duplicate key(s) in silver"] if len(actual) != len(rows) else []
+    problems += [f"missing from silver: {key}" for key in sorted(stream.expected.keys() - actual.keys())]
     problems += [
         f"in silver but deleted at the source: {key}" for key in sorted(actual.keys() - stream.expected.keys())
     ]
