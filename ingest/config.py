@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
-from urllib.parse import unquote
+from urllib.parse import quote, quote_plus, unquote
 
 import yaml
 from pydantic import (
@@ -402,7 +402,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
         try:
             loaded = yaml.safe_load(config_file.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{config_file}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{config_file}: not valid YAML: {_yaml_problem(exc)}") from None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{config_file}: the top level must be a mapping")
         raw = _interpolate(loaded, str(config_file), env)
@@ -417,10 +417,23 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
         raise ConfigError(f"{origin}: {problems}") from None
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without PyYAML's quote of the line: the line may hold a secret (a password with a
+    character YAML reads as syntax)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return type(exc).__name__
+    mark = exc.problem_mark or exc.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{' '.join(part for part in (exc.context, exc.problem) if part)}{where}"
+
+
 def _problem(loc: tuple[int | str, ...], message: str, origins: dict[tuple[str, ...], str]) -> str:
     """One validation error, naming the key and, when the environment set it, the variable."""
     key = tuple(str(part) for part in loc)
+    # The variable that set this key or a section around it, else one that set a key inside it (a misspelt
+    # section, a section the variable made invalid).
     variable = next((origins[key[:length]] for length in range(len(key), 0, -1) if key[:length] in origins), None)
+    variable = variable or next((name for path, name in sorted(origins.items()) if path[: len(key)] == key), None)
     where = ".".join(key) or "<root>"
     return f"{where} (set by {variable}): {message}" if variable else f"{where}: {message}"
 
@@ -447,8 +460,13 @@ def redact(text: str, settings: Settings) -> str:
         # A switch or a number is no secret (spark.security.credentials.hive.enabled: false would hide every "false").
         plain = value.lower() in ("true", "false") or value.isdigit()
         secrets += [value] if SECRET_KEY_PATTERN.search(key) and not plain else uri_secrets(value)
-    # As written, and as the drivers use them (percent-decoded).
-    candidates = {form for secret in secrets for form in (secret, unquote(secret))}
+    # As written, as the drivers use them (percent-decoded), and percent-encoded again (Spark's JDBC URL).
+    candidates = {
+        form
+        for secret in secrets
+        for plain in (secret, unquote(secret))
+        for form in (plain, quote_plus(plain), quote(plain, safe=""))
+    }
     for secret in sorted({s for s in candidates if len(s) >= 4}, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ import yaml
 
 from ingest.config import Settings
 from ingest.lakehouse import runtime_dir, secret_spark_keys, spark_conf
+
+log = logging.getLogger(__name__)
 
 PROFILE_NAME = "cdclake"
 THRIFT_NAMESPACE = "default"
@@ -147,15 +150,37 @@ def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
     if settings.dbt.thrift_host:
         ensure_thrift_namespace(settings)
         tolerate_empty_thrift_schemas()
-    project = project_dir(settings)
-    common = ["--project-dir", str(project), "--profiles-dir", str(profiles_dir())]
+    command = list(args) or ["build"]
+    # The project and profile directories given among ``args`` win over cdclake's (dbt would take the last).
+    given = dict(_flag_values(command, ("--project-dir", "--profiles-dir")))
+    project = Path(given.get("--project-dir") or project_dir(settings))
+    common = [
+        *(["--project-dir", str(project)] if "--project-dir" not in given else []),
+        *(["--profiles-dir", str(profiles_dir())] if "--profiles-dir" not in given else []),
+    ]
     runner = dbtRunner()
     if not (project / "dbt_packages" / "cdclake").exists():
-        result = runner.invoke(["deps", *common])
-        if not result.success:
+        deps = ["--project-dir", str(project), "--profiles-dir", given.get("--profiles-dir") or str(profiles_dir())]
+        if not _succeeded(runner.invoke(["deps", *deps])):
             return False
-    command = list(args)
-    if not command:
-        command = ["build"]
-    result = runner.invoke([*command, *common])
+    return _succeeded(runner.invoke([*command, *common]))
+
+
+def _flag_values(args: Sequence[str], flags: Sequence[str]) -> list[tuple[str, str]]:
+    """(flag, value) for each of ``flags`` in ``args``, as ``--flag VALUE`` or ``--flag=VALUE``."""
+    found = []
+    for index, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and index + 1 < len(args):
+                found.append((flag, args[index + 1]))
+            elif arg.startswith(flag + "="):
+                found.append((flag, arg.removeprefix(flag + "=")))
+    return found
+
+
+def _succeeded(result: Any) -> bool:
+    """Whether a dbt invocation succeeded; an exception dbt returns instead of logging (a misspelt command or
+    option) is logged, so that the failure says why."""
+    if not result.success and result.exception is not None:
+        log.error("dbt did not run: %s", result.exception)
     return bool(result.success)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +61,8 @@ History = Literal["current", "scd2"]
 HISTORIES: tuple[History, ...] = ("current", "scd2")
 
 # The metadata columns a silver model's YAML describes, per history.
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 _METADATA_COLUMNS: dict[History, list[tuple[str, str]]] = {
     "current": [
         ("_cdc_order", "Source position of the applied change (per connector)."),
@@ -112,7 +115,13 @@ def model_yaml(
                     {"cdclake.cdclake_no_deleted_keys": {"arguments": {"bronze": bronze, "keys": list(keys)}}},
                 ],
                 "columns": [
-                    {"name": key, "description": "Key column (from the Debezium key).", "data_tests": ["not_null"]}
+                    {
+                        "name": key,
+                        "description": "Key column (from the Debezium key).",
+                        "data_tests": ["not_null"],
+                        # dbt renders a column's name into its tests as written unless told to quote it
+                        **({} if _PLAIN_NAME.fullmatch(key) else {"quote": True}),
+                    }
                     for key in keys
                 ]
                 + [{"name": name, "description": text} for name, text in _METADATA_COLUMNS[history]],
@@ -201,7 +210,11 @@ def scaffold(
                 "(or delete the file to have scaffold write it again), then scaffold again"
             )
             continue
-        keys, topic, reason = table_keys(tables, name)
+        try:
+            keys, topic, reason = table_keys(tables, name)
+        except Exception as exc:  # one unreadable table (its metadata file gone) must not stop the rest
+            report.skipped[name] = f"could not be read: {type(exc).__name__}: {exc}"
+            continue
         if keys is None:
             if not reason.startswith("not a change table"):
                 report.skipped[name] = reason

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+import yaml
 from hypothesis import HealthCheck, Phase, settings
 
 from ingest.bronze.tables import BronzeTables
@@ -25,6 +26,7 @@ from ingest.debezium.ordering import OP_RANK
 from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.lakehouse import PROJECT_ROOT, load_catalog
 from ingest.pipeline import Pipeline
+from ingest.scaffold import History, model_yaml
 from ingest.sources.file import FileSource
 
 ROW_FIELDS = [
@@ -396,6 +398,13 @@ class SilverHarness:
             "version: 2\nsources:\n  - name: bronze\n    schema: bronze\n    tables:\n"
             + "".join(f"      - name: {table}\n" for table in sources)
         )
+
+    def write_tests(self, topic: Topic, name: str | None = None, history: History = "current") -> None:
+        """The YAML `cdclake scaffold` writes (the shipped tests, keyed on ``id``) for the model ``name`` (default:
+        the topic's table) over the topic's bronze table: `dbt build` then runs them."""
+        described = model_yaml(topic.table, ["id"], "bronze", None, history)
+        described["models"][0]["name"] = name or topic.table
+        (self.project / "models" / "silver" / f"{name or topic.table}.yml").write_text(yaml.safe_dump(described))
 
     def apply(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path, config: str = "") -> None:
         """Land ``changes``, write the topic's model with ``config`` and `dbt build` it (which must succeed)."""

@@ -122,6 +122,12 @@ spark:
     assert "sslmode=verify-full" in message
     assert "not-a-secret" in message
     assert redact("lag_checked: false", settings) == "lag_checked: false"
+    # Spark's JDBC URL encodes the sslpassword again (urlencode): that form is redacted too.
+    special = "lakehouse:\n  catalog_uri: postgresql://iceberg@db/cat?sslmode=require&sslpassword=Secr3t!x$y\n"
+    reencoded = load_settings(write(tmp_path, special), environ={})
+    assert redact("jdbc:postgresql://db/cat?sslpassword=Secr3t%21x%24y", reencoded) == (
+        "jdbc:postgresql://db/cat?sslpassword=***"
+    )
     # A password with a raw '/' (SQLAlchemy reads everything up to the '@').
     raw_slash = "lakehouse:\n  catalog_uri: postgresql://cdc:ab/cd1@db/catalog\n"
     slash = load_settings(write(tmp_path, raw_slash), environ={})
@@ -201,6 +207,31 @@ def test_errors_in_env_values_name_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"ingest\.max_records: Input should be greater") as failure:
         load_settings(write(tmp_path, "ingest:\n  max_records: 0\n"), environ={})
     assert "set by" not in str(failure.value)
+
+
+def test_errors_about_a_section_name_the_variable_inside_it(tmp_path: Path) -> None:
+    """A misspelt section, or a section a variable made invalid: the error names the variable, not only the file
+    that never held the key."""
+    path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n")
+    with pytest.raises(ConfigError, match=r"maintainance \(set by CDCLAKE__MAINTAINANCE__BRONZE__RETAIN_LAST\)"):
+        load_settings(path, environ={"CDCLAKE__MAINTAINANCE__BRONZE__RETAIN_LAST": "3"})
+    with pytest.raises(ConfigError, match=r"source \(set by CDCLAKE__SOURCE__TYPE\): .*source\.path is required"):
+        load_settings(path, environ={"CDCLAKE__SOURCE__TYPE": "file"})
+
+
+def test_a_yaml_error_does_not_quote_the_line(tmp_path: Path) -> None:
+    """PyYAML's message quotes the line at fault, which may be a password that YAML reads as syntax: the error
+    says where, not what the line holds."""
+    path = write(tmp_path, "source:\n  type: kafka\n  consumer:\n    sasl.password: @Hunter2secret\n")
+    with pytest.raises(
+        ConfigError, match=r"not valid YAML: .*'@' that cannot start any token at line 4, column 20$"
+    ) as e:
+        load_settings(path, environ={})
+    assert "Hunter2secret" not in str(e.value)
+    unclosed = write(tmp_path, 'source:\n  consumer:\n    sasl.password: "Hunter2secret\n')
+    with pytest.raises(ConfigError, match=r"not valid YAML: .* at line \d+, column \d+$") as e:
+        load_settings(unclosed, environ={})
+    assert "Hunter2secret" not in str(e.value)
 
 
 def test_env_names_are_case_insensitive_for_librdkafka_settings_too(tmp_path: Path) -> None:
@@ -313,6 +344,31 @@ def test_config_can_follow_the_subcommand(tmp_path: Path) -> None:
         assert str(result.exception) == f"{bad}: ingest.max_recordz: Extra inputs are not permitted"
         result = runner.invoke(cli, ["--config", str(other), command, "--config", str(bad)])
         assert str(result.exception).startswith(f"{bad}: "), (command, result.output)
+    # After dbt's own arguments too (click hands everything after the first one to dbt, which has no --config).
+    for args in (["build", "--select", "x", "--config", str(bad)], ["build", f"--config={bad}"]):
+        result = runner.invoke(cli, ["dbt", *args], env={"CDCLAKE_CONFIG": str(other)})
+        assert str(result.exception) == f"{bad}: ingest.max_recordz: Extra inputs are not permitted", args
     result = runner.invoke(cli, ["--log-level", "verbose", "status"])
     assert result.exit_code == 2
     assert "'verbose' is not one of" in result.output
+
+
+def test_cdclake_dbt_says_why_dbt_did_not_run(tmp_path: Path) -> None:
+    """A misspelt dbt command or option fails naming it (dbt returns the error instead of logging it: the command
+    exited 1 without a word); a --project-dir among dbt's arguments is the project used, not cdclake's."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+
+    project = tmp_path / "project"
+    (project / "dbt_packages" / "cdclake").mkdir(parents=True)  # installed: no `dbt deps` first
+    config = write(tmp_path, "ingest:\n  max_records: 5\n")
+    runner = CliRunner()
+    for args, error in (
+        (["biuld"], "No such command 'biuld'"),
+        (["build", "--slect", "x"], "No such option '--slect'"),
+    ):
+        argv = ["dbt", *args, "--project-dir", str(project), "--config", str(config)]
+        result = runner.invoke(cli, argv, standalone_mode=False)
+        assert result.return_value == 1, result.output  # `cdclake`'s exit code (ingest.cli.main)
+        assert f"dbt did not run: {error}" in result.output  # the log, on stderr

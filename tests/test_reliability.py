@@ -13,6 +13,7 @@ import itertools
 import random
 import re
 import sqlite3
+import subprocess
 import threading
 import time
 import urllib.error
@@ -176,6 +177,12 @@ class SilverLake:
 
 
 MODEL_START = "START sql cdc_silver model"
+MODEL_ENDS = ("OK created sql cdc_silver model", "ERROR creating sql cdc_silver model")
+
+
+def inside_a_model(build: Cdclake) -> bool:
+    """Whether the build is running one of its models now (dbt has started one and not reported it)."""
+    return build.count(MODEL_START) > sum(build.count(end) for end in MODEL_ENDS)
 
 
 def model_seconds(output: str) -> float:
@@ -195,21 +202,24 @@ def silver_snapshot(settings: Settings, table: str) -> int | None:
     return -1 if snapshot is None else int(snapshot.snapshot_id)
 
 
-def kill_after_silver_commit(lake: SilverLake, build: Cdclake) -> str:
-    """SIGKILL as soon as the silver table changes (CREATE TABLE AS or MERGE committed): the statements after it
-    (tombstones, the applied-position property) are cut off."""
+def kill_after_silver_commit(lake: SilverLake, build: Cdclake) -> bool:
+    """SIGKILL as soon as the silver table changes (CREATE TABLE AS or the fast-forward of main committed): the
+    statements after it (tombstones, the applied-position property) are cut off. False if the build ended before
+    a commit was seen."""
     before = silver_snapshot(lake.settings, lake.topic.table)
     while build.process.poll() is None:
         if silver_snapshot(lake.settings, lake.topic.table) != before:
             build.kill()
-            return "right after silver's commit"
+            return True
         time.sleep(0.03)
-    return "after the build had finished (no commit seen)"
+    return False
 
 
 def dbt_kill_loop(root: Path, trials: int, seed: int) -> dict[str, Any]:
     """Kill `cdclake dbt build` in the middle of applying a new bronze wave, alternately right after silver's commit
-    and at a random moment of the model's run; silver must then hold the state before or after the wave."""
+    and at a random moment of the model's run; silver must then hold the state before or after the wave (after
+    it, when the kill followed silver's commit). A kill that came after the build ended proves nothing: the
+    commit trials fail on one, the random ones count them."""
     lake = SilverLake.create(root, seed)
     rng = random.Random(seed)
     started = time.monotonic()
@@ -217,24 +227,34 @@ def dbt_kill_loop(root: Path, trials: int, seed: int) -> dict[str, Any]:
     old: dict[int, str | None] | None = None  # trial 0 kills the very first build: before it, no silver table
     new = lake.land_wave()
     duration = 8.0
+    killed_running = 0
     for trial in range(trials):
         build = lake.build()
         assert build.wait_for(MODEL_START, timeout_s=300), f"dbt never started the model:\n{build.tail(60)}"
-        if trial % 2 == 0:
-            moment = kill_after_silver_commit(lake, build)
+        committed = trial % 2 == 0
+        if committed:
+            assert kill_after_silver_commit(lake, build), (
+                f"trial {trial}: the build ended before silver's commit was seen:\n{build.tail(40)}"
+            )
+            moment = "right after silver's commit"
+            killed_running += 1
         else:
-            delay = rng.uniform(0.0, duration * 1.2)
-            time.sleep(delay)
-            moment = f"{delay:.2f}s after the model started"
+            delay = rng.uniform(0.0, duration * 0.9)
+            try:
+                build.process.wait(timeout=delay)
+                moment = f"after the build ended (within {delay:.2f}s of the model's start)"
+            except subprocess.TimeoutExpired:
+                moment = f"{delay:.2f}s after the model started"
+                killed_running += 1
         build.kill()
         state = lake.silver()
         if state == new and new != old:
             outcome = "new"
-        elif state == old:
+        elif state == old and not committed:
             outcome = "old"
         else:
             raise AssertionError(
-                f"trial {trial}: SIGKILL {moment} left silver in between:\n"
+                f"trial {trial}: SIGKILL {moment} left silver {'unchanged' if state == old else 'in between'}:\n"
                 f"silver:    {state}\nold state: {old}\nnew state: {new}\n{build.tail(40)}"
             )
         outcomes.append(outcome)
@@ -256,6 +276,7 @@ def dbt_kill_loop(root: Path, trials: int, seed: int) -> dict[str, Any]:
     assert lake.silver() == new, "the final normal build did not converge to the reference state"
     summary = {
         "trials": trials,
+        "killed_running": killed_running,
         "old": outcomes.count("old"),
         "new": outcomes.count("new"),
         "waves": lake.waves,
@@ -284,7 +305,8 @@ def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
     """Two `cdclake dbt build`s of the same models at once, for each of ``waves`` new bronze waves (a scheduler
     starting a run before the last one ended): while they run, silver holds the state before or after the wave,
     never a mix or a duplicate key; at least one of them succeeds (the other fails on Iceberg's optimistic commit
-    check); the build after them converges to the reference state. Their duplicated tombstones are harmless
+    check); the build after them converges to the reference state. The two must have been inside a model at the
+    same moment at least once (else the wave proved nothing). Their duplicated tombstones are harmless
     (test_silver.py). The builds run a current-state model and a history model of the same bronze table (one pair
     of JVMs for both): the history's current versions follow the same rule, and the versions the overlapping runs
     left must equal what a --full-refresh rebuilds from bronze."""
@@ -295,11 +317,14 @@ def overlapping_builds_loop(root: Path, waves: int, seed: int) -> None:
     for wave in range(waves):
         new = lake.land_wave()
         builds = [lake.build(), lake.build()]
+        overlapped = False
         while any(build.process.poll() is None for build in builds):
+            overlapped = overlapped or all(inside_a_model(build) for build in builds)
             for model, state in ((lake.topic.table, lake.silver()), (lake.history_model, lake.history_state())):
                 assert state in (old, new), f"wave {wave}: {model} in between:\n{state}\nold: {old}\nnew: {new}"
             time.sleep(0.05)
         codes = [build.wait() for build in builds]
+        assert overlapped, f"wave {wave}: the builds never ran a model at the same time:\n{builds[1].tail(30)}"
         for model in lake.models:  # each build may lose the race for one model and win it for the other
             applied = [f"OK created sql cdc_silver model silver.{model} " in build.output for build in builds]
             assert any(applied), f"wave {wave}: both builds failed {model}:\n{builds[0].tail(30)}\n{builds[1].tail(30)}"

@@ -136,3 +136,18 @@ def test_scaffold_history_models(lakehouse: Path, tmp_path: Path) -> None:
     assert "_cdc_is_current" in described
     assert "_cdc_order" not in described
     assert "cdclake.cdclake_keys_unique" in described  # the generic tests read history tables too
+
+
+def test_a_table_that_cannot_be_read_is_reported_and_the_rest_scaffolded(lakehouse: Path, tmp_path: Path) -> None:
+    """One bronze table whose metadata file is gone (a botched copy, a storage mistake): scaffold reports it and
+    writes the models of the others (it stopped with a traceback, leaving the tables after it without one)."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    names = sorted(path.stem for path in scaffold(tables, tmp_path / "intact").written if path.suffix == ".sql")
+    assert len(names) >= 2, names
+    broken = names[0]
+    table = tables.load(broken)
+    assert table is not None
+    Path(table.metadata_location.removeprefix("file://")).unlink()
+    report = scaffold(tables, tmp_path / "project")
+    assert report.skipped[broken].startswith("could not be read: "), report.skipped
+    assert sorted(path.stem for path in report.written if path.suffix == ".sql") == names[1:]

@@ -204,6 +204,9 @@ def test_sql_built_from_names_quotes_what_is_not_plain(tmp_path: Path) -> None:
         assert sql.splitlines()[1] == f"select * from {{{{ source('bronze', '{table}') }}}}", (topic, sql)
         document = model_yaml(table, ["id"], "bronze", topic)
         assert yaml.safe_load(yaml.safe_dump(document)) == document  # the topic stays text
+    # A key column's name reaches dbt's not_null test, which renders it as written unless the YAML says quote.
+    columns = model_yaml("t", ["id", "PART#", "order id"], "bronze", None)["models"][0]["columns"]
+    assert [column.get("quote", False) for column in columns[:3]] == [False, True, True]
 
 
 @pytest.mark.spark

@@ -109,6 +109,11 @@ def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: 
         ("cdclake_keys_unique", lambda: rows.writeTo(table).append()),
         # a live key lost
         ("cdclake_equals_recompute", lambda: harness.spark.sql(f"delete from {table} where id = 4").collect()),
+        # a live key at the right change, with a value the change does not hold
+        (
+            "cdclake_equals_recompute",
+            lambda: harness.spark.sql(f"update {table} set v = 'wrong' where id = 1 and {current}").collect(),
+        ),
         # key 7, whose latest change in bronze is a delete, present as a live row
         ("cdclake_no_deleted_keys", lambda: rows.withColumn("id", F.lit(7)).writeTo(table).append()),
     ]

@@ -15,7 +15,26 @@ def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
     """Run dbt (default: build) on the configured project with the lakehouse profile."""
     from ingest.dbt_runner import run_dbt
 
-    return 0 if run_dbt(settings_from(ctx), args) else 1
+    dbt_args = _take_config(ctx, args)  # before the settings are loaded: it may name their file
+    return 0 if run_dbt(settings_from(ctx), dbt_args) else 1
+
+
+def _take_config(ctx: click.Context, args: tuple[str, ...]) -> list[str]:
+    """dbt's arguments without cdclake's ``--config FILE`` among them (``cdclake dbt build --config FILE``: dbt has
+    no such option, and after the first dbt argument click hands everything to dbt)."""
+    kept: list[str] = []
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--config":
+            path = next(rest, None)
+            if path is None:
+                raise click.UsageError("--config needs a file")
+            ctx.find_root().obj["config_path"] = path
+        elif arg.startswith("--config="):
+            ctx.find_root().obj["config_path"] = arg.removeprefix("--config=")
+        else:
+            kept.append(arg)
+    return kept
 
 
 @click.command("dbt-profile")

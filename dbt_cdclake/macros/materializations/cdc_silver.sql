@@ -351,10 +351,17 @@
 {%- endmacro %}
 
 
-{#- `, 'cdclake.layout_signature' = '<md5>'` when silver now matches a layout whose signature it does not hold yet. -#}
+{#- `, 'cdclake.layout_signature' = '<md5>'` when silver now matches a layout whose signature it does not hold yet;
+    `, 'cdclake.partial_images' = '<json>'` when the model reads partial images otherwise than silver says: what a
+    change does not carry (ignore_null_updates' nulls, the placeholder), which cdclake_equals_recompute must not
+    compare. -#}
 {% macro signature_property(layout, properties) -%}
   {%- if layout.signature and properties.get('cdclake.layout_signature') != layout.signature -%}
     , 'cdclake.layout_signature' = '{{ layout.signature }}'
+  {%- endif -%}
+  {%- set partial = tojson({'ignore_null_updates': not not config.get('ignore_null_updates', false), 'unavailable_value': cdclake.configured_placeholder()}) -%}
+  {%- if properties.get('cdclake.partial_images') != partial -%}
+    , 'cdclake.partial_images' = {{ cdclake.placeholder_literal(partial) }}
   {%- endif -%}
 {%- endmacro %}
 

@@ -6,11 +6,12 @@
   `current`, true for its current rows; `order`, the column with the position of the change that made the row.
 -#}
 {% macro silver_shape(model) -%}
-  {%- set columns = adapter.get_columns_in_relation(model) | map(attribute='name') | list if execute else [] -%}
+  {%- set described = adapter.get_columns_in_relation(model) if execute else [] -%}
+  {%- set columns = described | map(attribute='name') | list -%}
   {%- set current = '_cdc_is_current' if '_cdc_is_current' in columns else 'true' -%}
   {%- set live = current ~ (' and _cdc_deleted is not true' if '_cdc_deleted' in columns else '') -%}
   {{ return({'current': current, 'live': live, 'history': '_cdc_is_current' in columns,
-             'deleted': '_cdc_deleted' in columns,
+             'deleted': '_cdc_deleted' in columns, 'columns': described,
              'order': '_cdc_valid_from' if '_cdc_valid_from' in columns else '_cdc_order'}) }}
 {%- endmacro %}
 
@@ -50,7 +51,7 @@
 {% endtest %}
 
 
-{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op); with `snapshot`,
+{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op, its `after`); with `snapshot`,
     over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps. -#}
 {% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none) -%}
   {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
@@ -65,7 +66,7 @@
       {%- for key in keys %}
       {{ key_exprs.get(key, 'null') }} as {{ cdclake.quote(key) }},
       {%- endfor %}
-      _cdc_order, op as _cdc_op, _cdc_offset,
+      _cdc_order, op as _cdc_op, _cdc_offset, after,
       row_number() over (
         partition by {% for key in keys %}{{ key_exprs.get(key, 'null') }}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
@@ -86,22 +87,73 @@
 {%- endmacro %}
 
 
+{#- The columns cdclake_equals_recompute compares with the winning change's image: silver's columns that are fields
+    of bronze's typed `after` (not keys, not the model's extracted columns, not a document), as
+    [{'name', 'field', 'json'}] (`json`: compared as JSON text, for types Spark cannot compare, maps); and what a
+    change does not carry (`skip`: a condition on the recomputation's row, per field), as silver's last run read
+    partial images (its property cdclake.partial_images): an update's nulls with ignore_null_updates, the
+    placeholder of an unchanged TOAST or LOB column. -#}
+{% macro recompute_value_columns(model, bronze, keys, shape) -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- if not types.get('after', '').startswith('struct') %}{{ return([]) }}{% endif -%}
+  {%- set fields = {} -%}
+  {%- for field in cdclake.struct_field_names(bronze, 'after') %}{% do fields.update({field | lower: field}) %}{% endfor -%}
+  {%- set partial = fromjson(cdclake.silver_property(model, 'cdclake.partial_images') or '{}') -%}
+  {%- set placeholder = partial.get('unavailable_value', '__debezium_unavailable_value') -%}
+  {%- set lowered_keys = keys | map('lower') | list -%}
+  {%- set compared = [] -%}
+  {%- for column in shape.columns if column.name | lower in fields and column.name | lower not in lowered_keys and not column.name.startswith('_cdc_') -%}
+    {%- set field = fields[column.name | lower] -%}
+    {%- set skips = [] -%}
+    {%- if partial.get('ignore_null_updates') %}{% do skips.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
+    {%- if placeholder is not none %}{% do skips.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif -%}
+    {%- do compared.append({'name': column.name, 'field': field, 'json': 'map<' in column.dtype | lower,
+                            'skip': "_cdc_op = 'u' and (" ~ skips | join(' or ') ~ ")" if skips else 'false'}) -%}
+  {%- endfor -%}
+  {{ return(compared) }}
+{%- endmacro %}
+
+
 {#- Silver equals a full recomputation from bronze: same live keys, each at the same change (position and op: a
-    replay of a change at another offset is the same change, and a history keeps the copy it stored first).
+    replay of a change at another offset is the same change, and a history keeps the copy it stored first), holding
+    that change's values (recompute_value_columns; a partial update's values are the fold's, not compared).
     `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
 {% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
   {%- set shape = cdclake.silver_shape(model) -%}
+  {%- set compared = cdclake.recompute_value_columns(model, bronze, keys, shape) if execute else [] -%}
+  {%- set key_list -%}{% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{%- endset -%}
   with expected as (
-    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}_cdc_order, _cdc_op
+    select {{ key_list }}_cdc_order, _cdc_op
+      {%- for column in compared %},
+      case when {{ column.skip }} then null else named_struct('v', after.{{ cdclake.quote(column.field) }}) end as _cdc_value_{{ loop.index0 }}
+      {%- endfor %}
     from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) where _cdc_op <> 'd'
   ),
   actual as (
-    select {% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{{ shape.order }} as _cdc_order, _cdc_op
+    select {{ key_list }}{{ shape.order }} as _cdc_order, _cdc_op
+      {%- for column in compared %}, {{ cdclake.quote(column.name) }}{% endfor %}
     from {{ model }} where {{ shape.live }}
   )
-  (select 'missing from silver' as problem, * from (select * from expected except select * from actual))
+  (select 'missing from silver' as problem, *, cast(null as string) as columns_differing
+   from (select {{ key_list }}_cdc_order, _cdc_op from expected except select {{ key_list }}_cdc_order, _cdc_op from actual))
   union all
-  (select 'not in recomputation' as problem, * from (select * from actual except select * from expected))
+  (select 'not in recomputation' as problem, *, cast(null as string) as columns_differing
+   from (select {{ key_list }}_cdc_order, _cdc_op from actual except select {{ key_list }}_cdc_order, _cdc_op from expected))
+  {%- if compared %}
+  union all
+  (select 'values differ from the recomputation' as problem, * from (
+    select {% for key in keys %}a.{{ cdclake.quote(key) }}, {% endfor %}a._cdc_order, a._cdc_op, concat_ws(', '
+      {%- for column in compared %},
+      {%- set actual_value = 'a.' ~ cdclake.quote(column.name) %}
+      {%- set expected_value = 'e._cdc_value_' ~ loop.index0 ~ '.v' %}
+      case when not (e._cdc_value_{{ loop.index0 }} is null or
+        {%- if column.json %} to_json(named_struct('v', {{ expected_value }})) <=> to_json(named_struct('v', {{ actual_value }}))
+        {%- else %} {{ expected_value }} <=> {{ actual_value }}{% endif %}) then {{ cdclake.placeholder_literal(column.name) }} end
+      {%- endfor %}) as columns_differing
+    from actual a join expected e
+      on {{ cdclake.key_match(keys, 'a', 'e') }} and a._cdc_order <=> e._cdc_order and a._cdc_op = e._cdc_op
+  ) where columns_differing <> '')
+  {%- endif %}
 {% endtest %}
 
 
