@@ -144,8 +144,14 @@ kept as (
 dropped as (
   select *, cast(null as array<bigint>) as _cdc_valid_to, cast(null as timestamp) as _cdc_valid_to_ts, cast(null as boolean) as _cdc_is_current,
     case _cdc_stored when 1 then 'silver' else 'tombstones' end as _cdc_target, 'delete' as _cdc_action
-  from sequenced
-  where _cdc_stored > 0 and _cdc_op = 't' and not (_cdc_previous_op <=> 'c' or _cdc_previous_op <=> 'u' or _cdc_previous_op <=> 'r')
+  from (
+    select * from sequenced
+    where _cdc_stored > 0 and _cdc_op = 't' and not (_cdc_previous_op <=> 'c' or _cdc_previous_op <=> 'u' or _cdc_previous_op <=> 'r')
+    union all
+    {#- a stored row whose replay sorts before it (a lower offset: another partition, a truncate's null Kafka key):
+        the replay takes its place, as in a rebuild; left stored, the key had the version twice #}
+    select *, 1 as _cdc_record, cast(null as string) as _cdc_previous_op from copies where _cdc_stored > 0 and _cdc_copy = 2
+  ) void
 )
 select * from kept
 union all
