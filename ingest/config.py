@@ -424,18 +424,24 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
         return type(exc).__name__
     mark = exc.problem_mark or exc.context_mark
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{' '.join(part for part in (exc.context, exc.problem) if part)}{where}"
+    # The scanner's and the parser's problems name characters and token kinds; the composer's and the
+    # constructor's quote the text (an alias, a tag), which may be the secret itself.
+    if isinstance(exc, yaml.scanner.ScannerError | yaml.parser.ParserError):
+        return f"{' '.join(part for part in (exc.context, exc.problem) if part)}{where}"
+    return f"{type(exc).__name__}{where}"
 
 
 def _problem(loc: tuple[int | str, ...], message: str, origins: dict[tuple[str, ...], str]) -> str:
     """One validation error, naming the key and, when the environment set it, the variable."""
     key = tuple(str(part) for part in loc)
-    # The variable that set this key or a section around it, else one that set a key inside it (a misspelt
-    # section, a section the variable made invalid).
-    variable = next((origins[key[:length]] for length in range(len(key), 0, -1) if key[:length] in origins), None)
-    variable = variable or next((name for path, name in sorted(origins.items()) if path[: len(key)] == key), None)
     where = ".".join(key) or "<root>"
-    return f"{where} (set by {variable}): {message}" if variable else f"{where}: {message}"
+    # The variable that set this key or a section around it; else those that set keys inside it (a misspelt
+    # section, a section made invalid), which may or may not be at fault.
+    variable = next((origins[key[:length]] for length in range(len(key), 0, -1) if key[:length] in origins), None)
+    if variable:
+        return f"{where} (set by {variable}): {message}"
+    inside = sorted(name for path, name in origins.items() if key and path[: len(key)] == key)
+    return f"{where} (the environment sets {', '.join(inside)} in it): {message}" if inside else f"{where}: {message}"
 
 
 def uri_secrets(uri: str) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ingest.config import Settings
+from ingest.config import Settings, redact
 from ingest.lakehouse import runtime_dir, secret_spark_keys, spark_conf
 
 log = logging.getLogger(__name__)
@@ -161,9 +161,9 @@ def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
     runner = dbtRunner()
     if not (project / "dbt_packages" / "cdclake").exists():
         deps = ["--project-dir", str(project), "--profiles-dir", given.get("--profiles-dir") or str(profiles_dir())]
-        if not _succeeded(runner.invoke(["deps", *deps])):
+        if not _succeeded(runner.invoke(["deps", *deps]), settings):
             return False
-    return _succeeded(runner.invoke([*command, *common]))
+    return _succeeded(runner.invoke([*command, *common]), settings)
 
 
 def _flag_values(args: Sequence[str], flags: Sequence[str]) -> list[tuple[str, str]]:
@@ -178,9 +178,9 @@ def _flag_values(args: Sequence[str], flags: Sequence[str]) -> list[tuple[str, s
     return found
 
 
-def _succeeded(result: Any) -> bool:
+def _succeeded(result: Any, settings: Settings) -> bool:
     """Whether a dbt invocation succeeded; an exception dbt returns instead of logging (a misspelt command or
     option) is logged, so that the failure says why."""
     if not result.success and result.exception is not None:
-        log.error("dbt did not run: %s", result.exception)
+        log.error("dbt did not run: %s", redact(str(result.exception), settings))
     return bool(result.success)

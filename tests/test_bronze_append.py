@@ -195,6 +195,17 @@ def test_a_failed_commit_in_flight_is_not_followed_by_the_revocation_commit(tmp_
 
 
 # -- background decoding --------------------------------------------------------------------------------------------
+def buffered_coordinates(buffer: dict[str, Any]) -> list[Coordinate]:
+    """(topic, partition, offset) of every record a pipeline's buffer holds (rows and decoded tables)."""
+    found: list[Coordinate] = []
+    for batch in buffer.values():
+        found += [(row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"]) for row in batch.rows]
+        for table in batch.tables:
+            columns = [table.column(name).to_pylist() for name in ("_cdc_topic", "_cdc_partition", "_cdc_offset")]
+            found += list(zip(*columns, strict=True))
+    return found
+
+
 def coordinates_of(records: Iterable[Any]) -> Counter[Coordinate]:
     """How often each (topic, partition, offset) is among ``records`` (RawRecords or the fakes' records)."""
     return Counter((record.topic, record.partition, record.offset) for record in records)
@@ -217,10 +228,16 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
     settings = make_settings(tmp_path / "lake")
     pipeline = file_pipeline(settings, dump, max_records=96, background_decode=background_decode)
     sizes: list[int] = []  # records per flush
+    spans: list[dict[tuple[str, int], tuple[int, int]]] = []  # per flush: each partition's lowest and highest offset
     commit_buffer = pipeline._commit_buffer
 
     def counted(buffer: dict[str, Any]) -> dict[tuple[str, int], int]:
         sizes.append(sum(len(batch.rows) + sum(table.num_rows for table in batch.tables) for batch in buffer.values()))
+        span: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, partition, offset in buffered_coordinates(buffer):
+            low, high = span.get((topic, partition), (offset, offset))
+            span[(topic, partition)] = (min(low, offset), max(high, offset))
+        spans.append(span)
         return commit_buffer(buffer)
 
     pipeline._commit_buffer = counted  # type: ignore[method-assign]
@@ -232,6 +249,10 @@ def test_staged_polls_land_once_and_in_order(tmp_path: Path, background_decode: 
     assert max(records for _, records in staged) <= pipeline_module.STAGED_POLLS * 16
     assert len(sizes) >= len(stream.records) // 96
     assert max(sizes) <= 96
+    # In order: each flush holds a partition's records after those of the flushes before it.
+    for tp in {tp for span in spans for tp in span}:
+        ranges = [span[tp] for span in spans if tp in span]
+        assert all(before[1] < after[0] for before, after in itertools.pairwise(ranges)), (tp, ranges)
     assert bronze_coordinates(settings) == coordinates_of(stream.records)
     reference = make_settings(tmp_path / "reference")
     tables = BronzeTables(load_catalog(reference), "bronze")
@@ -324,6 +345,8 @@ def test_flush_books_the_staged_polls(tmp_path: Path) -> None:
     release.set()
     pipeline.stage_batch(records[cuts[-2] :], MIDNIGHT)  # one too many: the oldest is booked
     assert pipeline.stats.records_in >= size
+    booked = Counter(buffered_coordinates(pipeline._buffer))
+    assert booked == coordinates_of(records[: pipeline.stats.records_in])  # the oldest polls, whole
     pipeline.revoke([(records[0].topic, records[0].partition)])
     assert pipeline.staged_records == 0
     assert pipeline.stats.records_in == len(records)

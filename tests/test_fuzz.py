@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,8 +94,39 @@ def test_random_typed_envelopes(document: dict[str, Any]) -> None:
     check(None, orjson.dumps(document))
 
 
-def test_integers_beyond_64_bits_are_dead_letters() -> None:
-    check(b'{"id": 1}', b'{"op": "c", "after": {"id": 123456789012345678901234567890}, "source": {}}')
+def test_integers_beyond_64_bits_keep_their_digits_or_are_dead_letters() -> None:
+    """Without a schema a 30-digit integer is kept as written in bronze's JSON text (key and image); where the
+    schema says int64 it is a dead letter naming the field."""
+    big = 123456789012345678901234567890
+    source = b'"source":{"connector":"informix","commit_lsn":"1","change_lsn":"1"}'
+    record = RawRecord("fuzz.s.t", 0, 1, 0, b'{"id": %d}' % big, b'{"op":"c","after":{"id":%d},%s}' % (big, source))
+    row = RowBuilder().build(record, decode(record), dt.datetime.now(dt.UTC)).row
+    assert (row["key"], row["after"]) == (f'{{"id":{big}}}', f'{{"id":{big}}}')
+    fields = [{"type": "int64", "field": "id", "optional": False}]
+    document = typed_documents_schema(fields)
+    typed = RawRecord(
+        "fuzz.s.t",
+        0,
+        2,
+        0,
+        None,
+        b'{"schema":%s,"payload":{"op":"c","after":{"id":%d},%s}}' % (orjson.dumps(document), big, source),
+    )
+    with pytest.raises(DecodeError, match=r"value\.after\.id: expected int64"):
+        RowBuilder().build(typed, decode(typed), dt.datetime.now(dt.UTC))
+
+
+def typed_documents_schema(fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """The value schema of a change whose `after` has ``fields`` and whose source block is Informix's."""
+    source = [{"type": "string", "field": name} for name in ("connector", "commit_lsn", "change_lsn")]
+    return {
+        "type": "struct",
+        "fields": [
+            {"type": "struct", "optional": True, "fields": fields, "field": "after"},
+            {"type": "struct", "field": "source", "fields": source},
+            {"type": "string", "field": "op"},
+        ],
+    }
 
 
 def test_ten_megabyte_record_is_handled() -> None:

@@ -456,11 +456,16 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     assert json.loads(properties["cdclake.applied_position"])["o"] == [30, 30]
     # Key 1: a late update (15) and a newer one (40); key 2: only a late one (5); key 3 (deleted at 30): a late
     # update (29) stays void. Then a newer create (50) brings key 3 back, and later late ones stay void.
+    log = harness.project / "logs" / "dbt.log"
+    size = log.stat().st_size
     harness.apply(
         topic,
         [Change(U, 1, 15, "late"), Change(U, 1, 40, "x2"), Change(U, 2, 5, "stale"), Change(U, 3, 29, "zombie")],
         dumps,
     )
+    with log.open("rb") as text:  # the lookup of silver's rows takes only the keys of changes at or below 30
+        text.seek(size)
+        assert b"i._cdc_offset) <= named_struct('o', cast(array(30, 30) as array<bigint>)" in text.read()
     assert harness.silver(topic) == {1: "x2", 2: "y"} == topic.expected()
     harness.apply(topic, [Change(C, 3, 50, "reborn"), Change(U, 1, 35, "late2"), Change(U, 3, 45, "late3")], dumps)
     assert harness.silver(topic) == {1: "x2", 2: "y", 3: "reborn"} == topic.expected()

@@ -142,3 +142,29 @@ def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: 
     finally:
         harness.spark.sql(f"call lake.system.rollback_to_snapshot('{table}', {good})")
     assert failed_tests(harness, topic) == set()
+
+
+def test_a_column_the_model_computes_is_not_compared_with_the_image(
+    harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A model that replaces an image column with one of its own (`exclude_columns=['v']`, `upper(after.v) as v`):
+    the value comparison takes the image columns the model's run applied, not every silver column an image field
+    is named like (it compared the computed `v` with the image's and failed on every row)."""
+    dumps = tmp_path_factory.mktemp("computed")
+    topic = harness.topic("generic_computed")
+    harness.write_model(topic)
+    (harness.project / "models" / "silver" / f"{topic.table}.sql").write_text(
+        "{{ config(materialized='cdc_silver', exclude_columns=['v']) }}\n"
+        f"select *, upper(after.v) as v from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    )
+    harness.write_tests(topic)
+    harness.land(topic, [Change(C, 1, 1, "a", n=10), Change(C, 2, 2, "b", n=20), Change(U, 1, 3, "a2", n=11)], dumps)
+    assert harness.build(topic), "dbt build failed (a model or a test)"
+    assert harness.rows(f"silver.{topic.table}", "id, v, n", "id") == [
+        {"id": 1, "v": "A2", "n": 11},
+        {"id": 2, "v": "B", "n": 20},
+    ]
+    assert failed_tests(harness, topic) == set()
+    # n is an image column: compared
+    harness.spark.sql(f"update silver.{topic.table} set n = 12 where id = 1").collect()
+    assert failed_tests(harness, topic) == {"cdclake_equals_recompute"}

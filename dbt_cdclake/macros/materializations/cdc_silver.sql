@@ -352,16 +352,16 @@
 
 
 {#- `, 'cdclake.layout_signature' = '<md5>'` when silver now matches a layout whose signature it does not hold yet;
-    `, 'cdclake.partial_images' = '<json>'` when the model reads partial images otherwise than silver says: what a
-    change does not carry (ignore_null_updates' nulls, the placeholder), which cdclake_equals_recompute must not
-    compare. -#}
+    `, 'cdclake.images' = '<json>'` when it says otherwise than silver does how the run read bronze's images: the
+    image columns it applied, and what an update may leave out (ignore_null_updates' nulls, the unavailable-value
+    placeholder), which cdclake_equals_recompute compares and does not compare. -#}
 {% macro signature_property(layout, properties) -%}
   {%- if layout.signature and properties.get('cdclake.layout_signature') != layout.signature -%}
     , 'cdclake.layout_signature' = '{{ layout.signature }}'
   {%- endif -%}
-  {%- set partial = tojson({'ignore_null_updates': not not config.get('ignore_null_updates', false), 'unavailable_value': cdclake.configured_placeholder()}) -%}
-  {%- if properties.get('cdclake.partial_images') != partial -%}
-    , 'cdclake.partial_images' = {{ cdclake.placeholder_literal(partial) }}
+  {%- set images = tojson({'image_columns': layout.image_columns, 'ignore_null_updates': not not config.get('ignore_null_updates', false), 'unavailable_value': cdclake.configured_placeholder()}) -%}
+  {%- if properties.get('cdclake.images') != images -%}
+    , 'cdclake.images' = {{ cdclake.placeholder_literal(images) }}
   {%- endif -%}
 {%- endmacro %}
 

@@ -87,27 +87,28 @@
 {%- endmacro %}
 
 
-{#- The columns cdclake_equals_recompute compares with the winning change's image: silver's columns that are fields
-    of bronze's typed `after` (not keys, not the model's extracted columns, not a document), as
-    [{'name', 'field', 'json'}] (`json`: compared as JSON text, for types Spark cannot compare, maps); and what a
-    change does not carry (`skip`: a condition on the recomputation's row, per field), as silver's last run read
-    partial images (its property cdclake.partial_images): an update's nulls with ignore_null_updates, the
+{#- The columns cdclake_equals_recompute compares with the winning change's image: the image columns silver's last
+    run applied (its property cdclake.images; none for a table no run has written it to yet) that silver has and
+    bronze's typed `after` names (not the model's extracted columns, not a document), as [{'name', 'field',
+    'type', 'skip'}] (`type`: silver's, where the expected value is cast to it; none for a nested type, compared
+    as JSON text: Spark cannot compare maps). `skip`: when the change does not carry the value (a condition on the
+    recomputation's row), as that run read partial images: an update's nulls with ignore_null_updates, the
     placeholder of an unchanged TOAST or LOB column. -#}
 {% macro recompute_value_columns(model, bronze, keys, shape) -%}
+  {%- set images = fromjson(cdclake.silver_property(model, 'cdclake.images') or 'null') -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
-  {%- if not types.get('after', '').startswith('struct') %}{{ return([]) }}{% endif -%}
+  {%- if images is none or not types.get('after', '').startswith('struct') %}{{ return([]) }}{% endif -%}
   {%- set fields = {} -%}
   {%- for field in cdclake.struct_field_names(bronze, 'after') %}{% do fields.update({field | lower: field}) %}{% endfor -%}
-  {%- set partial = fromjson(cdclake.silver_property(model, 'cdclake.partial_images') or '{}') -%}
-  {%- set placeholder = partial.get('unavailable_value', '__debezium_unavailable_value') -%}
-  {%- set lowered_keys = keys | map('lower') | list -%}
+  {%- set applied = images.get('image_columns', []) | map('lower') | list -%}
+  {%- set placeholder = images.get('unavailable_value') -%}
   {%- set compared = [] -%}
-  {%- for column in shape.columns if column.name | lower in fields and column.name | lower not in lowered_keys and not column.name.startswith('_cdc_') -%}
+  {%- for column in shape.columns if column.name | lower in applied and column.name | lower in fields -%}
     {%- set field = fields[column.name | lower] -%}
     {%- set skips = [] -%}
-    {%- if partial.get('ignore_null_updates') %}{% do skips.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
+    {%- if images.get('ignore_null_updates') %}{% do skips.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
     {%- if placeholder is not none %}{% do skips.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif -%}
-    {%- do compared.append({'name': column.name, 'field': field, 'json': 'map<' in column.dtype | lower,
+    {%- do compared.append({'name': column.name, 'field': field, 'type': none if '<' in column.dtype else column.dtype,
                             'skip': "_cdc_op = 'u' and (" ~ skips | join(' or ') ~ ")" if skips else 'false'}) -%}
   {%- endfor -%}
   {{ return(compared) }}
@@ -116,7 +117,7 @@
 
 {#- Silver equals a full recomputation from bronze: same live keys, each at the same change (position and op: a
     replay of a change at another offset is the same change, and a history keeps the copy it stored first), holding
-    that change's values (recompute_value_columns; a partial update's values are the fold's, not compared).
+    that change's values (recompute_value_columns: what an update does not carry is the fold's, not compared).
     `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
 {% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
   {%- set shape = cdclake.silver_shape(model) -%}
@@ -125,7 +126,8 @@
   with expected as (
     select {{ key_list }}_cdc_order, _cdc_op
       {%- for column in compared %},
-      case when {{ column.skip }} then null else named_struct('v', after.{{ cdclake.quote(column.field) }}) end as _cdc_value_{{ loop.index0 }}
+      {%- set value = 'after.' ~ cdclake.quote(column.field) %}
+      case when {{ column.skip }} then null else named_struct('v', {% if column.type %}cast({{ value }} as {{ column.type }}){% else %}{{ value }}{% endif %}) end as _cdc_value_{{ loop.index0 }}
       {%- endfor %}
     from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) where _cdc_op <> 'd'
   ),
@@ -147,7 +149,7 @@
       {%- set actual_value = 'a.' ~ cdclake.quote(column.name) %}
       {%- set expected_value = 'e._cdc_value_' ~ loop.index0 ~ '.v' %}
       case when not (e._cdc_value_{{ loop.index0 }} is null or
-        {%- if column.json %} to_json(named_struct('v', {{ expected_value }})) <=> to_json(named_struct('v', {{ actual_value }}))
+        {%- if not column.type %} to_json(named_struct('v', {{ expected_value }})) <=> to_json(named_struct('v', {{ actual_value }}))
         {%- else %} {{ expected_value }} <=> {{ actual_value }}{% endif %}) then {{ cdclake.placeholder_literal(column.name) }} end
       {%- endfor %}) as columns_differing
     from actual a join expected e
