@@ -135,6 +135,27 @@ def expirable(table: Table, older_than: dt.datetime, retain_last: int) -> int:
     return sum(1 for s in table.snapshots() if s.timestamp_ms < cutoff_ms and s.snapshot_id not in kept)
 
 
+def protected_position(table: Table, applied: dict[int, str]) -> tuple[int, int, str] | None:
+    """(timestamp in ms, snapshot id, silver table) for the bronze snapshot silver applied that lies deepest in
+    main's history, the timestamp being the oldest from main's head down to it: expiring only what is older keeps
+    it. Iceberg keeps main's snapshots from the newest back to the first older than the cutoff, so one later
+    snapshot stamped earlier (another host's clock) would have let the walk stop above the applied one."""
+    oldest: int | None = None
+    found: tuple[int, int, str] | None = None
+    for snapshot in ancestors(table):
+        oldest = snapshot.timestamp_ms if oldest is None else min(oldest, snapshot.timestamp_ms)
+        if snapshot.snapshot_id in applied:
+            found = (oldest, snapshot.snapshot_id, applied[snapshot.snapshot_id])
+    if found is None:  # applied snapshots off main's history (a branch): their own timestamps
+        off_main = [
+            (s.timestamp_ms, s.snapshot_id, applied[s.snapshot_id])
+            for s in table.snapshots()
+            if s.snapshot_id in applied
+        ]
+        found = min(off_main, default=None)
+    return found
+
+
 def plan_table(
     catalog: Catalog,
     catalog_name: str,
@@ -171,14 +192,11 @@ def plan_table(
     steps.append(step("rewrite_manifests", ""))
 
     expire_window = dt.timedelta(hours=config.expire_older_than_hours)
-    applied = protected or {}
-    kept = [
-        (s.timestamp_ms, s.snapshot_id, applied[s.snapshot_id]) for s in table.snapshots() if s.snapshot_id in applied
-    ]
+    kept = protected_position(table, protected or {})
     position: dt.datetime | None = None
     note = None
-    if kept:
-        timestamp_ms, snapshot_id, by = min(kept)
+    if kept is not None:
+        timestamp_ms, snapshot_id, by = kept
         position = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.UTC)
         note = (
             f"keeps snapshot {snapshot_id} (applied by {by}, committed {position:%Y-%m-%d %H:%M:%S}Z) and newer: "

@@ -25,6 +25,7 @@ from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
 from ingest.lakehouse import load_catalog
 from ingest.maintenance import (
     plan_maintenance,
+    protected_position,
     spark_error_line,
     timestamp_literal,
 )
@@ -657,6 +658,27 @@ def test_sql_reads_a_script_from_stdin(sql_lake: tuple[Path, Settings]) -> None:
 def test_spark_error_line_of_a_plain_exception() -> None:
     assert spark_error_line(RuntimeError("first\nsecond")) == "first"
     assert spark_error_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_expiry_keeps_silvers_snapshot_when_a_later_one_is_stamped_earlier() -> None:
+    """Iceberg's expiry keeps main's snapshots from the newest back to the first older than its cutoff. Bronze is
+    written by hosts whose clocks differ (pyiceberg on the ingester's, Spark on maintenance's): a snapshot after the
+    one silver applied can carry an earlier timestamp. The cutoff is then that timestamp, or the walk would stop
+    above silver's snapshot and expire it (the next run re-read all of bronze)."""
+    from types import SimpleNamespace
+
+    # main: 1 (t=100) <- 2 (t=200, applied) <- 3 (t=150: another clock) <- 4 (t=300)
+    snapshots = [
+        SimpleNamespace(snapshot_id=i, parent_snapshot_id=parent, timestamp_ms=ts)
+        for i, parent, ts in ((1, None, 100), (2, 1, 200), (3, 2, 150), (4, 3, 300))
+    ]
+    table: Any = SimpleNamespace(snapshots=lambda: snapshots, current_snapshot=lambda: snapshots[-1])
+    assert protected_position(table, {2: "silver.t"}) == (150, 2, "silver.t")
+    assert protected_position(table, {4: "silver.a", 2: "silver.b"}) == (150, 2, "silver.b")  # the deepest
+    assert protected_position(table, {}) is None
+    off_main = SimpleNamespace(snapshot_id=9, parent_snapshot_id=1, timestamp_ms=120)  # on a branch
+    table = SimpleNamespace(snapshots=lambda: [*snapshots, off_main], current_snapshot=lambda: snapshots[-1])
+    assert protected_position(table, {9: "silver.c"}) == (120, 9, "silver.c")
 
 
 # -- Spark: maintain ---------------------------------------------------------------------------------------------------
