@@ -11,12 +11,14 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ingest.bronze.tables import UNAVAILABLE_UUID, UNAVAILABLE_VALUE
 from ingest.dbt_runner import run_dbt
 from ingest.debezium.ordering import OP_RANK
+from ingest.scaffold import model_yaml
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -501,6 +503,35 @@ def test_an_update_that_cannot_be_folded_fails_the_run(
     event = f'key {{"id":"7"}} ({topic.name} partition 0 offset {offset})'
     assert f"cdclake: model '{topic.table}': cannot fold the update of {event}: {reason}" in log
     assert harness.spark.sql(f"show tables in silver like '{topic.table}'").count() == 0  # nothing written
+
+
+@pytest.mark.parametrize("config", ["history='scd2'", "delete_mode='soft'"])
+def test_an_excluded_change_is_left_out_of_the_fold(harness: SilverHarness, tmp_path: Path, config: str) -> None:
+    """A history or soft deletes fold every update: an update with no document before it fails every run, a later
+    snapshot of the key included (a model's `where` applies after the fold). exclude_changes leaves it out of
+    all the model applies; bronze keeps it, and the shipped tests read bronze as the model does (bronze_where)."""
+    topic = harness.mongo_topic(f"excluded_{config.split('=')[0]}")
+    harness.land(topic, [MongoChange("u", 7, 100, updated={"name": "b"}), MongoChange(C, 1, 101, after=ANNE)], tmp_path)
+    harness.write_model(topic, config)
+    assert not harness.build(topic)
+    harness.land(topic, [MongoChange("r", 7, 102, after={"_id": 7, "name": "b"})], tmp_path)  # a snapshot later
+    assert not harness.build(topic)
+    excluded = "_cdc_partition = 0 and _cdc_offset = 0"
+    harness.write_model(topic, f'{config}, exclude_changes="{excluded}"')
+    described = model_yaml(topic.table, ["id"], "bronze", None, "scd2" if "scd2" in config else "current")
+    for test in described["models"][0]["data_tests"]:
+        for name, arguments in test.items():
+            if name != "cdclake.cdclake_keys_unique":
+                arguments["arguments"]["bronze_where"] = f"not ({excluded})"
+    (harness.project / "models" / "silver" / f"{topic.table}.yml").write_text(yaml.safe_dump(described))
+    assert harness.build(topic), "dbt build failed (a model or a test)"
+    current = "_cdc_is_current" if "scd2" in config else "not _cdc_deleted"
+    rows = harness.rows(f"silver.{topic.table}", "id, _cdc_document, _cdc_op", "id", where=current)
+    assert [(row["id"], orjson.loads(row["_cdc_document"]), row["_cdc_op"]) for row in rows] == [
+        ("1", ANNE, C),
+        ("7", {"_id": 7, "name": "b"}, "r"),
+    ]
+    assert harness.rows(f"bronze.{topic.table}", "count(*) as n", "1", where="_cdc_offset = 0") == [{"n": 1}]
 
 
 def test_fake_mongodb_change_streams_mode(harness: SilverHarness, tmp_path: Path) -> None:

@@ -204,6 +204,19 @@
 {%- endmacro %}
 
 
+{#- Config exclude_changes: a condition on bronze's rows (`_cdc_partition = 0 and _cdc_offset = 12`) whose changes
+    the model leaves out of all it applies, the fold of partial images included (a model's `where` applies after
+    the fold): for an event no run can apply, such as a MongoDB update with no document before it in a history.
+    Returns the relation to read the unit of work from. -#}
+{% macro without_excluded_changes(changes) -%}
+  {%- set condition = config.get('exclude_changes') -%}
+  {%- if not condition %}{{ return(changes) }}{% endif -%}
+  {%- set kept = model.alias ~ '__cdc_kept' -%}
+  {% do run_query('create or replace temporary view ' ~ kept ~ ' as select * from ' ~ changes ~ ' where not coalesce((' ~ condition ~ '), false)') %}
+  {{ return(kept) }}
+{%- endmacro %}
+
+
 {#-
   How each key column is read from a bronze row (`exprs`; every use of a key: net effect, tombstones, folding,
   history and the generic tests). From the Kafka key when it carries the field: a primary key, MongoDB's id.

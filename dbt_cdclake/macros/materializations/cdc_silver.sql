@@ -9,7 +9,8 @@
   change cannot bring them back: in `<model>__cdc_tombstones` (delete_mode='hard', default) or as the row itself
   with _cdc_deleted = true (delete_mode='soft').
 
-  Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept), batch_catalog,
+  Options: keys, delete_mode ('hard'|'soft'), columns / exclude_columns (image columns kept), exclude_changes (a
+  condition on bronze rows whose changes are not applied, see without_excluded_changes), batch_catalog,
   ignore_null_updates (partial images: a null in an update keeps the key's previous value), unavailable_value
   (Debezium's unavailable.value.placeholder, default '__debezium_unavailable_value'; none: taken as a value),
   tombstone_horizon_days,
@@ -86,7 +87,7 @@
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
-    {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
+    {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
@@ -97,7 +98,7 @@
     {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
   {%- else -%}
-    {%- set changes = cdclake.changes_view(bronze, start, end, checked=true) -%}
+    {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
         bronze column (docs/silver.md). -#}
