@@ -25,6 +25,9 @@ if ! "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1; then
   "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq </dev/null >&2
   "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" </dev/null >&2
 fi
-rm -rf "$VENV"
+# Emptied, not removed: the directory may be a mount point (docker-compose.yml mounts a volume there).
+if [[ -d "$VENV" ]]; then
+  find "$VENV" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
+fi
 log "creating $VENV with $PYTHON"
 "$PYTHON" -m venv "$VENV"

@@ -401,3 +401,17 @@ def test_compose_example_and_its_config() -> None:
     assert source.bootstrap_servers == "kafka:9092"
     assert source.topic_pattern
     assert settings.ingest.metrics_port == 9108
+
+
+def test_a_broken_venv_is_made_again_in_place(tmp_path: Path) -> None:
+    """docker-compose.yml mounts a volume at the project's .venv: setup must empty a venv it makes again, not remove
+    the directory (removing a mount point fails, and every `docker compose run dbt` failed with it)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "left-by-a-failed-attempt").write_text("")
+    inode = venv.stat().st_ino
+    script = ROOT / "scripts" / "setup_venv.sh"
+    subprocess.run(["bash", str(script), "python3.11", str(venv)], check=True, stdin=subprocess.DEVNULL)
+    assert venv.stat().st_ino == inode
+    assert not (venv / "left-by-a-failed-attempt").exists()
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], check=True, capture_output=True)
