@@ -60,9 +60,10 @@ def _write(path: Path, body: str, comment: str, report: ScaffoldReport) -> None:
 History = Literal["current", "scd2"]
 HISTORIES: tuple[History, ...] = ("current", "scd2")
 
-# The metadata columns a silver model's YAML describes, per history.
+# A column name dbt may render into SQL unquoted.
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
+# The metadata columns a silver model's YAML describes, per history.
 _METADATA_COLUMNS: dict[History, list[tuple[str, str]]] = {
     "current": [
         ("_cdc_order", "Source position of the applied change (per connector)."),

@@ -94,7 +94,7 @@
     as JSON text: Spark cannot compare maps). `skip`: when the change does not carry the value (a condition on the
     recomputation's row), as that run read partial images: an update's nulls with ignore_null_updates, the
     placeholder of an unchanged TOAST or LOB column. -#}
-{% macro recompute_value_columns(model, bronze, keys, shape) -%}
+{% macro recompute_value_columns(model, bronze, shape) -%}
   {%- set images = fromjson(cdclake.silver_property(model, 'cdclake.images') or 'null') -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
   {%- if images is none or not types.get('after', '').startswith('struct') %}{{ return([]) }}{% endif -%}
@@ -121,7 +121,7 @@
     `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
 {% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
   {%- set shape = cdclake.silver_shape(model) -%}
-  {%- set compared = cdclake.recompute_value_columns(model, bronze, keys, shape) if execute else [] -%}
+  {%- set compared = cdclake.recompute_value_columns(model, bronze, shape) if execute else [] -%}
   {%- set key_list -%}{% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{%- endset -%}
   with expected as (
     select {{ key_list }}_cdc_order, _cdc_op
