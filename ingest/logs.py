@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 import orjson
 
@@ -37,3 +39,24 @@ def configure(level: str = "INFO", fmt: str = "auto") -> None:
     root.setLevel(level.upper())
     for noisy in ("py4j", "pyiceberg", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def json_logging() -> bool:
+    """Whether the root logger writes JSON lines (configure's json format)."""
+    return any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers)
+
+
+@contextlib.contextmanager
+def logging_to(stream: TextIO) -> Iterator[None]:
+    """The root logger's stream handlers write to ``stream`` meanwhile: rich's proxy of stderr while a live progress
+    line shows, which prints each log line above it (written to the stderr configure() saw, a line landed in the
+    middle of the progress line's text and escape codes)."""
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.StreamHandler)]
+    previous = [handler.stream for handler in handlers]
+    for handler in handlers:
+        handler.setStream(stream)
+    try:
+        yield
+    finally:
+        for handler, original in zip(handlers, previous, strict=True):
+            handler.setStream(original)

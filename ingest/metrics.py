@@ -39,8 +39,18 @@ class IngestMetrics:
         )
         self.seconds_since_commit.set_function(self._since_progress)
         self._progress_at = time.time()
+        self._last_commit_at = 0.0
+        self._commit_lock = threading.Lock()  # the writer threads commit tables in parallel
         self.healthy = True
         self.health_reason = "starting"
+
+    def committed(self, at: float) -> None:
+        """A bronze commit at Unix time ``at``: one of this process's, or the latest a table held when it was
+        loaded (a restarted service does not report 0: an alert on the time since the last commit fired at once)."""
+        with self._commit_lock:
+            if at > self._last_commit_at:
+                self._last_commit_at = at
+                self.last_commit.set(at)
 
     def progress(self) -> None:
         """Called after every commit and whenever the source is idle and caught up."""

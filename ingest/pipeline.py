@@ -120,6 +120,7 @@ class Pipeline:
         self.tables = tables
         self.source = source
         self.metrics = metrics or IngestMetrics()
+        tables.on_retry = lambda name: self.metrics.commit_failures.labels(name).inc()
         self._lag_labels: set[tuple[str, str]] = set()  # the (topic, partition) labels of the lag gauge set
         self.on_progress = on_progress
         self.stats = IngestStats()
@@ -189,6 +190,9 @@ class Pipeline:
                 self._committed[name] = {}
         else:
             stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+            snapshot = table.current_snapshot()
+            if snapshot is not None:
+                self.metrics.committed(snapshot.timestamp_ms / 1000)
             with self._committed_lock:
                 self._committed[name] = merge_offsets(self._committed.get(name, {}), stored)
             schema = normalized(table.schema().as_arrow())
@@ -735,7 +739,6 @@ class Pipeline:
                 advisory[tp] = max(offset, advisory.get(tp, 0))
         elapsed = time.monotonic() - started
         self.metrics.flush_seconds.observe(elapsed)
-        self.metrics.last_commit.set_to_current_time()
         self.metrics.progress()
         self.stats.flushes += 1
         log.info(
@@ -752,6 +755,8 @@ class Pipeline:
         except Exception:
             self.metrics.commit_failures.labels(batch.name).inc()
             raise
+        if written:  # not when another writer had landed every row already: nothing was committed
+            self.metrics.committed(time.time())
         if batch.name == DEAD_LETTER_TABLE:
             with self._committed_lock:
                 self._committed[batch.name] = merge_offsets(self._committed.get(batch.name, {}), batch.offsets)

@@ -25,7 +25,7 @@ from ingest.bronze.tables import BronzeTables
 from ingest.debezium.envelope import RawRecord
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
-from tests.conftest import make_settings
+from tests.conftest import file_pipeline, ingest_file, make_settings
 from tests.kafka_fixtures import Coordinate, bronze_coordinates, bronze_rows
 from tests.test_fast_path import PG_DUMP, fake_records, file_records
 
@@ -352,3 +352,52 @@ def test_flush_books_the_staged_polls(tmp_path: Path) -> None:
     assert pipeline.stats.records_in == len(records)
     assert bronze_coordinates(settings) == coordinates_of(records)
     pipeline._stop_threads()
+
+
+# -- the commit metrics -----------------------------------------------------------------------------------------
+def sample(pipeline: Pipeline, name: str, labels: dict[str, str] | None = None) -> float:
+    value = pipeline.metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if value is None else value
+
+
+def test_the_last_commit_time_survives_a_restart_and_moves_only_with_a_commit(tmp_path: Path) -> None:
+    """cdclake_last_commit_timestamp_seconds was 0 after every restart (an alert on the time since the last commit
+    fired at once on a quiet source), and moved with flushes that committed nothing. It starts from the last
+    commit the tables hold and moves with real commits."""
+    settings = make_settings(tmp_path / "lake")
+    first = ingest_file(settings, PG_DUMP)
+    landed = sample(first, "cdclake_last_commit_timestamp_seconds")
+    assert landed > 0
+    catalog = load_catalog(settings)
+    newest = max(
+        catalog.load_table(f"bronze.{name}").current_snapshot().timestamp_ms / 1000
+        for name in BronzeTables(catalog, "bronze").list_tables()
+    )
+    time.sleep(0.05)
+    again = ingest_file(settings, PG_DUMP)  # a restart: everything is in bronze already
+    assert again.stats.written == 0
+    assert sample(again, "cdclake_last_commit_timestamp_seconds") == newest
+
+
+def test_each_commit_attempt_that_lost_a_race_is_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cdclake_commit_failures_total counted only a commit that failed for good (and stopped the service): the
+    conflicts retried before it succeeded were invisible."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    settings = make_settings(tmp_path / "lake")
+    pipeline = file_pipeline(settings, PG_DUMP)
+    commit_once = BronzeTables._commit_once
+    lost: set[str] = set()
+
+    def racing(self: BronzeTables, batch: Any) -> int:
+        if batch.name not in lost:  # each table's first attempt loses the race
+            lost.add(batch.name)
+            raise CommitFailedException("Requirement failed: branch main has changed")
+        return commit_once(self, batch)
+
+    monkeypatch.setattr(BronzeTables, "_commit_once", racing)
+    pipeline.run(once=True)
+    assert lost
+    assert pipeline.stats.written > 0
+    for name in lost:
+        assert sample(pipeline, "cdclake_commit_failures_total", {"table": name}) == 1, name

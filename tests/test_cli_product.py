@@ -9,7 +9,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pyarrow as pa
@@ -658,6 +658,39 @@ def test_sql_reads_a_script_from_stdin(sql_lake: tuple[Path, Settings]) -> None:
 def test_spark_error_line_of_a_plain_exception() -> None:
     assert spark_error_line(RuntimeError("first\nsecond")) == "first"
     assert spark_error_line(RuntimeError("")) == "RuntimeError"
+
+
+def test_log_lines_print_above_the_progress_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal `cdclake ingest` shows a live progress line; the log handler kept the stderr it was made with,
+    so each log line landed in the middle of the progress line's text (`read 1  written 1{"ts": ...`). Log lines
+    now go through rich's proxy, which prints them above the progress line."""
+    from rich.console import Console
+
+    from ingest.cli.ingest_cmd import _run_with_progress
+    from ingest.pipeline import IngestStats
+
+    terminal, configured = io.StringIO(), io.StringIO()  # the screen; the stderr the log handler was made with
+    handler = logging.StreamHandler(configured)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+
+    class Running:
+        stats = IngestStats()
+        on_progress: Any = None
+
+        def run(self, once: bool) -> IngestStats:
+            self.stats.records_in = 7
+            self.on_progress(self.stats)
+            logging.getLogger("cdclake.test").warning("a log line")
+            return self.stats
+
+    _run_with_progress(cast(Any, Running()), once=True, console=Console(file=terminal, force_terminal=True, width=100))
+    assert configured.getvalue() == ""
+    lines = [line for line in terminal.getvalue().splitlines() if "a log line" in line]
+    assert len(lines) == 1, terminal.getvalue()
+    assert "read" not in lines[0], terminal.getvalue()
+    assert "read 7" in terminal.getvalue()
+    assert handler.stream is configured  # restored
 
 
 def test_expiry_keeps_silvers_snapshot_when_a_later_one_is_stamped_earlier() -> None:

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -124,6 +124,8 @@ class BronzeTables:
         self.catalog = catalog
         self.namespace = namespace
         self.commit_attempts = commit_attempts
+        # Called with the table's name for each commit attempt that lost a race and is retried (a metric).
+        self.on_retry: Callable[[str], None] | None = None
         # IntegrityError: another process created it between pyiceberg's existence check and its insert.
         with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(namespace)
@@ -174,6 +176,8 @@ class BronzeTables:
                         f"bronze table {self.identifier(batch.name)}: commit failed {attempt} times, last: {exc}"
                     ) from exc
                 log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
+                if self.on_retry is not None:
+                    self.on_retry(batch.name)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")

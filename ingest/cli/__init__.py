@@ -74,9 +74,9 @@ def main() -> None:
 
 
 def _json_logging() -> bool:
-    from ingest.logs import JsonFormatter
+    from ingest.logs import json_logging
 
-    return any(isinstance(handler.formatter, JsonFormatter) for handler in logging.getLogger().handlers)
+    return json_logging()
 
 
 def _report_error(message: str) -> None:

@@ -6,13 +6,18 @@ import logging
 import signal
 import sys
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from ingest.cli.common import config_option, settings_from
 from ingest.config import Settings, redact
+from ingest.logs import json_logging, logging_to
 from ingest.pipeline import IngestStats, Pipeline
 from ingest.sources.base import Source
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +77,8 @@ def ingest(ctx: click.Context, once: bool, progress: bool | None) -> int:
         ).start()
         log.info("serving /metrics and /healthz on port %d", server.port)
 
-    show = sys.stderr.isatty() if progress is None else progress
+    # By default on a terminal, unless logs are JSON (a container given a TTY: its log lines stay JSON).
+    show = (sys.stderr.isatty() and not json_logging()) if progress is None else progress
     try:
         stats = _run_with_progress(pipeline, once) if show else pipeline.run(once=once)
     except Exception as exc:
@@ -103,7 +109,9 @@ def ingest(ctx: click.Context, once: bool, progress: bool | None) -> int:
     return 0
 
 
-def _run_with_progress(pipeline: Pipeline, once: bool) -> IngestStats:
+def _run_with_progress(pipeline: Pipeline, once: bool, console: Console | None = None) -> IngestStats:
+    """The pipeline's run under a live progress line on stderr, log lines printed above it."""
+    from rich.console import Console
     from rich.live import Live
     from rich.text import Text
 
@@ -113,6 +121,7 @@ def _run_with_progress(pipeline: Pipeline, once: bool) -> IngestStats:
             f"skipped {stats.skipped:,}  flushes {stats.flushes}  {stats.rate:,.0f} rec/s"
         )
 
-    with Live(render(pipeline.stats), refresh_per_second=4, transient=False) as live:
+    live = Live(render(pipeline.stats), console=console or Console(stderr=True), refresh_per_second=4)
+    with live, logging_to(sys.stderr):  # sys.stderr is rich's proxy now (on a terminal)
         pipeline.on_progress = lambda stats: live.update(render(stats))
         return pipeline.run(once=once)
