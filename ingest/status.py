@@ -105,6 +105,8 @@ class LakehouseStatus:
     tables: list[BronzeStatus]
     dead_letters_without_table: dict[str, int]  # topic -> count, for destinations that have no bronze table
     lag_checked: bool  # whether the broker was asked
+    # topic -> when the last of those dead letters was landed
+    dead_letters_without_table_latest: dict[str, dt.datetime] = field(default_factory=dict)
 
 
 # -- small readers -------------------------------------------------------------------------------------------------
@@ -191,10 +193,17 @@ def last_ingest_commit(table: Table) -> tuple[dt.datetime | None, str | None]:
     return (from_data, "data") if from_data is not None else (None, None)
 
 
+@dataclass
+class DeadLetters:
+    count: int
+    latest: dt.datetime | None  # when the last of them was landed
+
+
 def count_dead_letters(
     catalog: Catalog, bronze_namespace: str, destinations: Iterable[str] | None = None
-) -> dict[str, dict[str, int]]:
-    """Dead letters as {destination table: {topic: count}}; ``destinations`` (``ns.table``) filters the scan."""
+) -> dict[str, dict[str, DeadLetters]]:
+    """Dead letters as {destination table: {topic: DeadLetters}}; ``destinations`` (``ns.table``) filters the
+    scan."""
     table = _load(catalog, f"{bronze_namespace}.{DEAD_LETTER_TABLE}")
     if table is None or table.current_snapshot() is None:
         return {}
@@ -204,14 +213,18 @@ def count_dead_letters(
     # (pyiceberg's pydantic-based predicates confuse mypy's view of their constructors)
     in_: Any = In
     row_filter: BooleanExpression = AlwaysTrue() if wanted is None else in_("_cdc_destination", wanted)
-    data = table.scan(row_filter=row_filter, selected_fields=("_cdc_destination", "_cdc_topic")).to_arrow()
-    counts: dict[str, dict[str, int]] = {}
+    fields = ("_cdc_destination", "_cdc_topic", INGESTED_AT_COLUMN)
+    data = table.scan(row_filter=row_filter, selected_fields=fields).to_arrow()
+    counts: dict[str, dict[str, DeadLetters]] = {}
     if data.num_rows == 0:
         return counts
-    grouped = data.group_by(["_cdc_destination", "_cdc_topic"]).aggregate([([], "count_all")])
+    grouped = data.group_by(["_cdc_destination", "_cdc_topic"]).aggregate(
+        [([], "count_all"), (INGESTED_AT_COLUMN, "max")]
+    )
     for row in grouped.to_pylist():
         destination = str(row["_cdc_destination"])
-        counts.setdefault(destination, {})[str(row["_cdc_topic"])] = int(row["count_all"])
+        latest = row[f"{INGESTED_AT_COLUMN}_max"]
+        counts.setdefault(destination, {})[str(row["_cdc_topic"])] = DeadLetters(int(row["count_all"]), latest)
     return counts
 
 
@@ -455,7 +468,7 @@ def collect_status(
             partitions=[
                 PartitionStatus(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())
             ],
-            dead_letters=dict(sorted(dead.pop(identifier, {}).items())),
+            dead_letters={topic: letters.count for topic, letters in sorted(dead.pop(identifier, {}).items())},
         )
         silver_id = f"{lake.silver_namespace}.{name}"
         silver = _load(catalog, silver_id)
@@ -481,9 +494,12 @@ def collect_status(
         lag_checked = True
 
     orphans: dict[str, int] = {}
+    orphans_latest: dict[str, dt.datetime] = {}
     for topics in dead.values():
-        for topic, count in topics.items():
-            orphans[topic] = orphans.get(topic, 0) + count
+        for topic, letters in topics.items():
+            orphans[topic] = orphans.get(topic, 0) + letters.count
+            if letters.latest is not None:
+                orphans_latest[topic] = max(letters.latest, orphans_latest.get(topic, letters.latest))
     return LakehouseStatus(
         generated_at=now or dt.datetime.now(dt.UTC),
         catalog=lake.catalog_name,
@@ -493,6 +509,7 @@ def collect_status(
         tables=result,
         dead_letters_without_table=dict(sorted(orphans.items())),
         lag_checked=lag_checked,
+        dead_letters_without_table_latest=orphans_latest,
     )
 
 
@@ -525,7 +542,11 @@ def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.dateti
     limit = dt.timedelta(seconds=stale_after_s)
     problems: list[str] = []
     for topic, count in status.dead_letters_without_table.items():
-        problems.append(f"topic {topic}: {count} record(s), every one a dead letter: no bronze table")
+        # Only while they keep coming: those of a table since dropped or mapped elsewhere stay in the dead-letter
+        # table, and made every later status stale.
+        latest = status.dead_letters_without_table_latest.get(topic)
+        if latest is None or now - latest <= limit:
+            problems.append(f"topic {topic}: {count} record(s), every one a dead letter: no bronze table")
     for table in status.tables:
         for part in table.partitions:
             if part.log_start is not None and part.next_offset is not None:
