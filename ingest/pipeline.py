@@ -51,6 +51,8 @@ POLL_BATCH = 5000
 STAGED_POLLS = 3
 # Below this many records a poll takes the per-record path (the columnar one has a fixed cost per group).
 FAST_PATH_MIN_RECORDS = 8
+# Dead letters logged one by one per topic and flush; the rest in one line when the buffer goes to the commit.
+DEAD_LETTERS_LOGGED_PER_FLUSH = 10
 _KEY, _VALUE = attrgetter("key"), attrgetter("value")
 _COORDINATES = ["_cdc_topic", "_cdc_partition"]
 
@@ -124,6 +126,7 @@ class Pipeline:
         self._lag_labels: set[tuple[str, str]] = set()  # the (topic, partition) labels of the lag gauge set
         self.on_progress = on_progress
         self.stats = IngestStats()
+        self._dead_letters_logged: dict[str, int] = {}  # per topic, in the buffer
         self.stop_requested = threading.Event()
         self._builder = RowBuilder(settings.variable_scale_decimal_scale)
         self._committed: dict[str, Offsets] = {}
@@ -606,14 +609,17 @@ class Pipeline:
 
     def _dead_letter(self, record: RawRecord, name: str, error: Exception, ingested_at: dt.datetime) -> None:
         tp = (record.topic, record.partition)
-        log.warning(
-            "dead letter %s[%d]@%d: %s",
-            record.topic,
-            record.partition,
-            record.offset,
-            error,
-            extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
-        )
+        logged = self._dead_letters_logged.get(record.topic, 0)
+        self._dead_letters_logged[record.topic] = logged + 1
+        if logged < DEAD_LETTERS_LOGGED_PER_FLUSH:
+            log.warning(
+                "dead letter %s[%d]@%d: %s",
+                record.topic,
+                record.partition,
+                record.offset,
+                error,
+                extra={"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            )
         batch = self._buffer.get(DEAD_LETTER_TABLE)
         if batch is None:
             batch = self._buffer[DEAD_LETTER_TABLE] = TableBatch(DEAD_LETTER_TABLE, Layout.TYPED, DEAD_LETTER_KIND)
@@ -669,6 +675,7 @@ class Pipeline:
                 return
             buffer, self._buffer = self._buffer, {}
             self._buffered_records = self._buffered_bytes = 0
+            self._log_unlogged_dead_letters()
             self._first_buffered_at = None
             if wait or not self.settings.background_commit:
                 self.source.commit_advisory(self._commit_buffer(buffer))
@@ -677,6 +684,21 @@ class Pipeline:
                 self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bronze-commit")
             self._in_flight_buffer = dict(buffer)  # a copy: the commit pops the dead letters off its own
             self._in_flight = self._committer.submit(self._commit_buffer, buffer)
+
+    def _log_unlogged_dead_letters(self) -> None:
+        """One line per topic for the dead letters of the buffer not logged one by one (a topic whose every record
+        fails, a converter switched to Avro, would log tens of thousands of lines a second)."""
+        for topic, count in sorted(self._dead_letters_logged.items()):
+            if count > DEAD_LETTERS_LOGGED_PER_FLUSH:
+                unlogged = count - DEAD_LETTERS_LOGGED_PER_FLUSH
+                log.warning(
+                    "%d more dead letter(s) from %s in this flush, not logged one by one (%s holds each)",
+                    unlogged,
+                    topic,
+                    self.tables.identifier(DEAD_LETTER_TABLE),
+                    extra={"topic": topic, "dead_letters": unlogged},
+                )
+        self._dead_letters_logged = {}
 
     def _finish_commit(self, block: bool = True) -> None:
         """Collect the background commit (waiting for it unless ``block`` is False): tell the source how far it

@@ -813,3 +813,27 @@ def test_a_partition_resumes_after_the_dead_letters_that_end_it(lakehouse: Path,
     # letter. The partition resumes at 12.
     ingest_file(settings, write_dump(tmp_path / "gap.jsonl", [("i.s.t", 14, {"id": 14}, "{not json")]))
     assert file_pipeline(settings, tmp_path / "gap.jsonl").resolve("i.s.t", 0) == 12
+
+
+def test_dead_letters_past_a_few_per_flush_are_logged_in_one_line(
+    lakehouse: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A topic whose every record fails (a converter switched to Avro: "not JSON") logged one warning per record,
+    tens of thousands of lines a second in a backfill. Per topic and flush the first ten are logged one by one,
+    the rest in one line; every one is in the dead-letter table."""
+    from ingest.pipeline import DEAD_LETTERS_LOGGED_PER_FLUSH
+
+    settings = make_settings(lakehouse)
+    bad = [("a.s.t", n, {"id": n}, "{not json") for n in range(25)] + [("b.s.t", 0, {"id": 0}, "{not json")]
+    with caplog.at_level("WARNING", logger="ingest.pipeline"):
+        pipeline = ingest_file(settings, write_dump(tmp_path / "bad.jsonl", bad), max_records=1000)
+    assert pipeline.stats.dead_letters == 26
+    one_by_one = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dead letter ")]
+    assert len([m for m in one_by_one if "a.s.t" in m]) == DEAD_LETTERS_LOGGED_PER_FLUSH
+    assert len([m for m in one_by_one if "b.s.t" in m]) == 1
+    summed = [r.getMessage() for r in caplog.records if "more dead letter(s)" in r.getMessage()]
+    assert summed == [
+        f"{25 - DEAD_LETTERS_LOGGED_PER_FLUSH} more dead letter(s) from a.s.t in this flush, not logged "
+        "one by one (bronze._cdc_dead_letters holds each)"
+    ]
+    assert len(rows(settings, DEAD_LETTER_TABLE)) == 26
