@@ -817,7 +817,8 @@ class Pipeline:
                 self._finish_commit(block=False)
                 self._update_lag()  # also on the last pass of --once: the end-of-partition events moved positions
                 if not records and self.source.caught_up(once):
-                    self.metrics.progress()
+                    if self._in_flight is None:  # idle, not waiting on a commit (a hung one must show in /healthz)
+                        self.metrics.progress()
                     if once:
                         break
                 if self.on_progress is not None:

@@ -401,3 +401,35 @@ def test_each_commit_attempt_that_lost_a_race_is_counted(tmp_path: Path, monkeyp
     assert pipeline.stats.written > 0
     for name in lost:
         assert sample(pipeline, "cdclake_commit_failures_total", {"table": name}) == 1, name
+
+
+def test_a_commit_that_hangs_is_not_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/healthz turns unhealthy when the service makes no progress. While caught up, every idle pass counted as
+    progress, also while a background commit hung (a catalog gone mid-commit): the service looked healthy."""
+    import threading
+
+    settings = make_settings(tmp_path / "lake")
+    pipeline = file_pipeline(settings, PG_DUMP, latency_threshold_s=0.1, background_commit=True)
+    release = threading.Event()
+    commit_once = BronzeTables._commit_once
+
+    def hanging(self: BronzeTables, batch: Any) -> int:
+        release.wait(30)
+        return commit_once(self, batch)
+
+    monkeypatch.setattr(BronzeTables, "_commit_once", hanging)
+    runner = threading.Thread(target=pipeline.run)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 20
+        while pipeline._in_flight is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pipeline._in_flight is not None, "no commit was handed to the commit thread"
+        time.sleep(1.5)  # caught up and idle the while, with the commit hanging
+        assert pipeline.metrics._since_progress() > 1.0
+    finally:
+        release.set()
+        pipeline.stop_requested.set()
+        runner.join(30)
+    assert pipeline.stats.written > 0
+    assert pipeline.metrics._since_progress() < 5
