@@ -122,7 +122,6 @@ class Pipeline:
         self.tables = tables
         self.source = source
         self.metrics = metrics or IngestMetrics()
-        tables.on_retry = lambda name: self.metrics.commit_failures.labels(name).inc()
         self._lag_labels: set[tuple[str, str]] = set()  # the (topic, partition) labels of the lag gauge set
         self.on_progress = on_progress
         self.stats = IngestStats()
@@ -773,7 +772,7 @@ class Pipeline:
 
     def _commit(self, batch: TableBatch) -> None:
         try:
-            written = self.tables.commit(batch)
+            written = self.tables.commit(batch, on_retry=lambda name: self.metrics.commit_failures.labels(name).inc())
         except Exception:
             self.metrics.commit_failures.labels(batch.name).inc()
             raise

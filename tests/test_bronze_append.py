@@ -133,11 +133,11 @@ def test_after_a_failed_background_commit_nothing_else_commits(tmp_path: Path) -
     commits: list[str] = []
     commit = pipeline.tables.commit
 
-    def failing(batch: Any) -> int:
+    def failing(batch: Any, on_retry: Any = None) -> int:
         commits.append(batch.name)
         if len(commits) == 3:
             raise CommitError("injected")
-        return commit(batch)
+        return commit(batch, on_retry)
 
     pipeline.tables.commit = failing  # type: ignore[method-assign]
     with pytest.raises(CommitError, match="injected"):
@@ -170,12 +170,12 @@ def test_a_failed_commit_in_flight_is_not_followed_by_the_revocation_commit(tmp_
     release = threading.Event()
     commit = pipeline.tables.commit
 
-    def failing_first(batch: Any) -> int:
+    def failing_first(batch: Any, on_retry: Any = None) -> int:
         commits.append(batch.name)
         if len(commits) == 1:
             release.wait(30)
             raise CommitError("injected")
-        return commit(batch)
+        return commit(batch, on_retry)
 
     pipeline.tables.commit = failing_first  # type: ignore[method-assign]
     pipeline.source.start(pipeline.resolve)

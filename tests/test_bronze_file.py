@@ -425,12 +425,12 @@ def test_a_crash_after_the_dead_letter_commit_keeps_each_record_in_one_table(lak
     commit = pipeline.tables.commit
     data_commits: list[int] = []
 
-    def dies_after_dead_letters(batch: Any) -> int:
+    def dies_after_dead_letters(batch: Any, on_retry: Any = None) -> int:
         if batch.name != DEAD_LETTER_TABLE:
             data_commits.append(1)
             if len(data_commits) == 2:
                 raise CommitError("killed between the dead-letter commit and the data table's")
-        return commit(batch)
+        return commit(batch, on_retry)
 
     pipeline.tables.commit = dies_after_dead_letters  # type: ignore[method-assign]
     with pytest.raises(CommitError, match="killed"):
@@ -783,9 +783,9 @@ def test_a_column_in_a_commit_in_flight_still_guards_the_next_records(lakehouse:
     pipeline = file_pipeline(settings, dump, max_records=1, background_commit=True)
     commit = pipeline.tables.commit
 
-    def slow_commit(batch: Any) -> int:
+    def slow_commit(batch: Any, on_retry: Any = None) -> int:
         time.sleep(0.5)  # the next record is checked while this commit is in flight
-        return commit(batch)
+        return commit(batch, on_retry)
 
     pipeline.tables.commit = slow_commit  # type: ignore[method-assign]
     pipeline.run(once=True)

@@ -124,8 +124,6 @@ class BronzeTables:
         self.catalog = catalog
         self.namespace = namespace
         self.commit_attempts = commit_attempts
-        # Called with the table's name for each commit attempt that lost a race and is retried (a metric).
-        self.on_retry: Callable[[str], None] | None = None
         # IntegrityError: another process created it between pyiceberg's existence check and its insert.
         with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(namespace)
@@ -164,8 +162,9 @@ class BronzeTables:
                 raise
             return existing
 
-    def commit(self, batch: TableBatch) -> int:
-        """Append ``batch`` and its offsets in one commit, retrying on conflicts. Returns rows written."""
+    def commit(self, batch: TableBatch, on_retry: Callable[[str], None] | None = None) -> int:
+        """Append ``batch`` and its offsets in one commit, retrying on conflicts (``on_retry`` is told the table's
+        name before each retry: a metric). Returns rows written."""
         delay = 0.05
         for attempt in range(1, self.commit_attempts + 1):
             try:
@@ -176,8 +175,8 @@ class BronzeTables:
                         f"bronze table {self.identifier(batch.name)}: commit failed {attempt} times, last: {exc}"
                     ) from exc
                 log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
-                if self.on_retry is not None:
-                    self.on_retry(batch.name)
+                if on_retry is not None:
+                    on_retry(batch.name)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
