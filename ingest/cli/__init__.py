@@ -10,6 +10,7 @@ import click
 from ingest import __version__
 from ingest.cli.common import CONFIG_HELP
 from ingest.errors import CdclakeError
+from ingest.logs import json_logging
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,21 +68,15 @@ def main() -> None:
         _report_error(f"error: {exc}")
         sys.exit(2)
     except Exception as exc:
-        if not _json_logging():
+        if not json_logging():
             raise
         logging.getLogger("cdclake").exception("failed: %s", exc)
         sys.exit(1)
 
 
-def _json_logging() -> bool:
-    from ingest.logs import json_logging
-
-    return json_logging()
-
-
 def _report_error(message: str) -> None:
     """In JSON-log mode (containers) the error is one more JSON line; on a terminal it is red text."""
-    if _json_logging():
+    if json_logging():
         logging.getLogger("cdclake").error(message)
     else:
         click.secho(message, fg="red", err=True)
