@@ -53,6 +53,9 @@ STAGED_POLLS = 3
 FAST_PATH_MIN_RECORDS = 8
 # Dead letters logged one by one per topic and flush; the rest in one line when the buffer goes to the commit.
 DEAD_LETTERS_LOGGED_PER_FLUSH = 10
+# What decoding a malformed record can raise besides DecodeError, where no check foresaw it: still the record's
+# fault, and a dead letter (raised, it would stop the ingester on that record at every restart).
+UNFORESEEN_RECORD_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OverflowError)
 _KEY, _VALUE = attrgetter("key"), attrgetter("value")
 _COORDINATES = ["_cdc_topic", "_cdc_partition"]
 
@@ -115,10 +118,13 @@ class Pipeline:
         on_progress: Callable[[IngestStats], None] | None = None,
         *,
         fast_path: bool = True,
+        poll_timeout_s: float = 1.0,
     ) -> None:
         """``fast_path=False`` decodes and builds every record on its own with the reference functions
-        (``decode`` parsing each document in full, ``RowBuilder``): slower, and what the fast path must equal."""
+        (``decode`` parsing each document in full, ``RowBuilder``): slower, and what the fast path must equal.
+        ``poll_timeout_s`` (source.poll_timeout_s): the longest wait for records in one poll."""
         self.settings = settings
+        self.poll_timeout_s = poll_timeout_s
         self.tables = tables
         self.source = source
         self.metrics = metrics or IngestMetrics()
@@ -579,6 +585,11 @@ class Pipeline:
                 raise
             self._dead_letter(record, name, error, ingested_at)
             return
+        except UNFORESEEN_RECORD_ERRORS as error:
+            log.warning("decoding %s[%d]@%d failed", record.topic, record.partition, record.offset, exc_info=True)
+            unforeseen = DecodeError(f"could not be decoded: {type(error).__name__}: {error}")
+            self._dead_letter(record, name, unforeseen, ingested_at)
+            return
         batch = self._buffer.get(name)
         if batch is None:
             kind = "change" if envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else envelope.kind.value
@@ -835,7 +846,8 @@ class Pipeline:
         if self._staged and (capacity <= 0 or self._buffered_bytes + self.staged_bytes >= self.settings.max_bytes):
             self.complete_staged()
             return []
-        timeout = 0.2 if once else 1.0
+        # --once exits when every partition is read to its end: a short wait tells that soon enough.
+        timeout = min(0.2, self.poll_timeout_s) if once else self.poll_timeout_s
         if self._first_buffered_at is not None:
             left = self.settings.latency_threshold_s - (time.monotonic() - self._first_buffered_at)
             timeout = max(min(timeout, left), 0.0)

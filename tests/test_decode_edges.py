@@ -247,3 +247,72 @@ def test_schemaless_records_of_one_shape_share_one_schema() -> None:
     wider = b'{"before":null,"after":{"id":2},"source":{"connector":"informix"},"op":"c","ts_ms":1,"x":1}'
     shapes = [*records[:2], RawRecord("j.s.shapes", 0, 2, 1, b'{"id":2}', wider)]
     assert len(run(shapes, True, 250)._buffer["j_s_shapes"].schemas) == 2
+
+
+def schemaless_record(offset: int, value: bytes) -> RawRecord:
+    return RawRecord("t.s.orders", 0, offset, 1_700_000_000_000, None, value)
+
+
+def test_malformed_records_are_dead_letters_not_errors_that_stop_ingest() -> None:
+    """A record whose content made the decoder raise something other than its own DecodeError (an `op` that is a
+    list, a position of thousands of digits, nesting deeper than the JSON writer takes, a Connect schema missing a
+    part) stopped the ingester, and again at each restart, since the record is read again. Each is a dead letter
+    naming what is wrong, and the records around it land."""
+    good = b'{"op":"c","after":{"id":%d},"source":{"connector":"informix","commit_lsn":"1","change_lsn":"%d"}}'
+    deep = b"[" * 300 + b"1" + b"]" * 300
+    bad_values = [
+        b'{"op":["c"],"after":{"id":1},"source":{"connector":"informix"}}',
+        b'{"op":"c","after":{"id":1,"x":%s},"source":{"connector":"informix"}}' % deep,
+        b'{"op":"c","after":{"id":1},"source":{"connector":"informix","commit_lsn":"%s"}}' % (b"1" * 5000),
+        b'{"op":"c","after":{"id":1},"source":{"connector":"mysql","file":"bin.%s","pos":4}}' % (b"9" * 5000),
+    ]
+    records: list[RawRecord] = []
+    for value in bad_values:
+        records.append(schemaless_record(len(records), value))
+        records.append(schemaless_record(len(records), good % (len(records), len(records))))
+    errors = dead_letter_errors(records)
+    assert sorted(errors) == [0, 2, 4, 6]
+    assert "op" in errors[0]
+    assert "nested" in errors[2]
+    assert "commit_lsn" in errors[4]
+    assert "source.file" in errors[6]
+    typed = [
+        [*ROW_FIELDS, {"type": "array", "optional": True, "field": "tags"}],  # no "items"
+        [*ROW_FIELDS, {"type": "int32", "optional": True}],  # no "field"
+        [
+            *ROW_FIELDS,
+            {
+                "type": "bytes",
+                "optional": True,
+                "field": "ratio",
+                "name": "org.apache.kafka.connect.data.Decimal",
+                "parameters": {"scale": "x"},
+            },
+        ],
+    ]
+    records = []
+    for fields in typed:
+        records.append(typed_record(len(records), {"id": len(records)}, fields))
+        records.append(typed_record(len(records), {"id": len(records)}, ROW_FIELDS))
+    errors = dead_letter_errors(records)
+    assert sorted(errors) == [0, 2, 4], errors
+    assert "items" in errors[0]
+    assert "field" in errors[2]
+    assert "scale" in errors[4]
+
+
+def test_an_unforeseen_error_decoding_a_record_makes_it_a_dead_letter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever else a record makes the decoder raise (ValueError, TypeError, ...) is a dead letter naming the
+    error, in both paths, and the records after it land."""
+    from ingest.debezium import envelope
+
+    real = envelope._validate_change
+
+    def failing(payload: dict[str, Any]) -> None:
+        if payload.get("after", {}).get("id") == 1:
+            raise TypeError("a case no check foresaw")
+        real(payload)
+
+    monkeypatch.setattr(envelope, "_validate_change", failing)
+    records = [typed_record(offset, {"id": offset}, ROW_FIELDS) for offset in range(3)]
+    assert dead_letter_errors(records) == {1: "could not be decoded: TypeError: a case no check foresaw"}

@@ -79,8 +79,23 @@ def test_postgresql_sequence_pair() -> None:
         22261816,
         22262048,
     ]
-    assert ordering({"connector": "postgresql", "sequence": '[null,"22260056"]'}) == [MISSING, 22260056]
     assert ordering({"connector": "postgresql", "lsn": 5}) == [MISSING, 5]
+
+
+def test_postgresql_snapshot_reads_take_their_lsn_as_commit_position() -> None:
+    """Snapshot reads and the first transaction streamed after a snapshot carry no last commit LSN (the recorded
+    real stream: `[null,"22260056"]`); as -1 a snapshot taken again after streaming (snapshot.mode=when_needed
+    after the slot was lost, or always) lost to every older streamed change, and silver kept the stale rows."""
+    streamed = ordering({"connector": "postgresql", "sequence": '["22262544","22262600"]'})
+    snapshot = ordering({"connector": "postgresql", "sequence": '[null,"30000000"]'})
+    assert snapshot == [30000000, 30000000]
+    first_after = ordering({"connector": "postgresql", "sequence": '[null,"30000100"]'})
+    next_after = ordering({"connector": "postgresql", "sequence": '["30000150","30000200"]'})
+    assert streamed < snapshot < first_after < next_after
+    # The very first snapshot (nothing streamed before it) and its first transaction keep their order.
+    assert ordering({"connector": "postgresql", "sequence": '[null,"22260056"]'}) < ordering(
+        {"connector": "postgresql", "sequence": '[null,"22260096"]'}
+    )
 
 
 def test_mysql_binlog_file_number_is_numeric() -> None:

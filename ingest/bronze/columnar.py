@@ -673,6 +673,7 @@ def _postgres_position(sequence: Any, lsn: Any) -> tuple[list[Any], Mask]:
     commit = pc.if_else(pc.equal(commit, ""), pa.scalar(None, pa.string()), commit)
     commit = pc.fill_null(commit.cast(pa.int64()), -1)
     change = pc.fill_null(pc.struct_field(parts, "lsn").cast(pa.int64()), -1)
+    commit = pc.if_else(pc.equal(commit, -1), change, commit)  # no last commit LSN: as ordering._postgresql
     first = pc.if_else(has_sequence, commit, minus_one)
     second = pc.if_else(has_sequence, change, lsn_value)
     return [first, second], bad
@@ -1133,8 +1134,8 @@ def _key_json(key: _Struct, keys: dict[str, Any], payloads: list[bytes]) -> tupl
         try:
             payload = payloads[row]
             key_value = with_exact_numbers(orjson.loads(payload), payload, enveloped=False)
-            rendered[row] = orjson.dumps(key_value, option=orjson.OPT_SORT_KEYS).decode()
-        except orjson.JSONDecodeError:  # e.g. NaN, which pyarrow.json reads: the reference decides
+            rendered[row] = connect.canonical_json(key_value)
+        except (orjson.JSONDecodeError, DecodeError):  # e.g. NaN, which pyarrow.json reads: the reference decides
             rendered[row] = None
             odd.append(row)
     return pa.array(rendered, pa.string()), odd

@@ -24,6 +24,7 @@ from ingest.debezium.types import (
     Converter,
     InexactNumberError,
     arrow_type,
+    canonical_json,
     converter,
     json_text,
     struct_converter,
@@ -69,12 +70,6 @@ class BronzeRow:
     layout: Layout
     schema: pa.Schema
     row: dict[str, Any]
-
-
-def canonical_json(value: Any) -> str | None:
-    if value is None:
-        return None
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 Compiled = tuple[pa.Schema, Converter | None, Converter | None]

@@ -102,7 +102,7 @@ def _check_key_matches(key: Any, payload: Mapping[str, Any]) -> None:
 
 def _validate_change(payload: dict[str, Any]) -> None:
     op = payload.get("op")
-    if op not in OPS:
+    if not isinstance(op, str) or op not in OPS:
         raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r, t)")
     after = payload.get("after")
     if op in "cr" and after is None:

@@ -32,12 +32,18 @@ def _ascii_digits(value: str) -> bool:
     return value.isascii() and value.isdigit()
 
 
+def _decimal(digits: str) -> int:
+    """int() of ASCII digits; beyond 19 significant digits a position no long holds (and int() of more than 4,300
+    digits raises ValueError, which would stop the ingester on this record at every restart): MAX_POSITION + 1."""
+    return int(digits) if len(digits.lstrip("0")) <= 19 else MAX_POSITION + 1
+
+
 def _integer(source: Mapping[str, Any], field: str, connector: str, block: str = "source") -> int:
     value = source.get(field)
     if value is None:
         return MISSING
     if isinstance(value, str) and _ascii_digits(value):
-        value = int(value)
+        value = _decimal(value)
     if type(value) is int:
         if value < 0:
             raise DecodeError(f"{block}.{field}={value!r} is not a valid {connector} position (negative)")
@@ -100,7 +106,7 @@ def _pg_lsn(value: Any, field: str) -> int:
         lsn = value
     elif isinstance(value, str):
         if _ascii_digits(value):
-            lsn = int(value)
+            lsn = _decimal(value)
         elif match := _PG_LSN.match(value):
             lsn = (int(match.group(1), 16) << 32) + int(match.group(2), 16)
     if lsn is None:
@@ -112,7 +118,10 @@ def _pg_lsn(value: Any, field: str) -> int:
 
 
 def _postgresql(source: Mapping[str, Any]) -> Position:
-    # source.sequence = '["<last commit LSN>","<LSN>"]': the LSN alone misorders interleaved transactions.
+    # source.sequence = '["<last commit LSN>","<LSN>"]': the LSN alone misorders interleaved transactions. Snapshot
+    # reads, and the first transaction streamed after a snapshot, have no last commit LSN: their LSN takes its
+    # place (as an Oracle snapshot read's scn does), or a snapshot taken again to repair a table, and the changes
+    # streamed right after it, would lose to every older streamed change.
     sequence = source.get("sequence")
     if sequence is not None:
         try:
@@ -121,7 +130,8 @@ def _postgresql(source: Mapping[str, Any]) -> Position:
             raise DecodeError(f"source.sequence={sequence!r} is not valid JSON") from None
         if not isinstance(parts, list) or len(parts) != 2:
             raise DecodeError(f"source.sequence={sequence!r} is not a [commit LSN, LSN] pair")
-        return [_pg_lsn(parts[0], "sequence[0]"), _pg_lsn(parts[1], "sequence[1]")]
+        commit, lsn = _pg_lsn(parts[0], "sequence[0]"), _pg_lsn(parts[1], "sequence[1]")
+        return [lsn if commit == MISSING else commit, lsn]
     return [MISSING, _pg_lsn(source.get("lsn"), "lsn")]
 
 
@@ -133,7 +143,9 @@ def _mysql(source: Mapping[str, Any]) -> Position:
         match = _BINLOG_FILE.search(str(file))
         if not match:
             raise DecodeError(f"source.file={file!r} is not a binlog file name (expected a numeric suffix)")
-        file_number = int(match.group(1))
+        file_number = _decimal(match.group(1))
+        if file_number > MAX_POSITION:
+            raise DecodeError(f"source.file={str(file)[:80]!r}: a binlog file number beyond 64 bits")
     return [file_number, _integer(source, "pos", "mysql"), _integer(source, "row", "mysql")]
 
 

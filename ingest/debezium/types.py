@@ -64,7 +64,26 @@ def _fail(path: str, expected: str, value: Any) -> DecodeError:
 
 def _wire_scale(schema: dict[str, Any]) -> int:
     """The scale of a Connect Decimal's unscaled value (negative for e.g. Oracle NUMBER(5,-2))."""
-    return int((schema.get("parameters") or {}).get("scale", 0))
+    scale = (schema.get("parameters") or {}).get("scale", 0)
+    try:
+        return int(scale)
+    except (TypeError, ValueError):
+        raise DecodeError(f"decimal scale {scale!r} is not an integer") from None
+
+
+def _part(schema: dict[str, Any], name: str) -> dict[str, Any]:
+    """The ``items``/``keys``/``values`` schema of an array or map (a malformed schema is the record's fault)."""
+    part = schema.get(name)
+    if not isinstance(part, dict):
+        raise DecodeError(f"Connect schema of type {schema.get('type')!r} has no {name!r} schema")
+    return part
+
+
+def _field_name(field: Any) -> str:
+    name = field.get("field") if isinstance(field, dict) else None
+    if not isinstance(name, str):
+        raise DecodeError(f"a struct field without a 'field' name: {str(field)[:80]}")
+    return name
 
 
 def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
@@ -118,10 +137,10 @@ def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataTy
     if kind == "bytes":
         return pa.binary()
     if kind == "array":
-        return pa.list_(arrow_type(schema["items"], variable_scale=variable_scale))
+        return pa.list_(arrow_type(_part(schema, "items"), variable_scale=variable_scale))
     if kind == "map":
-        key_type = arrow_type(schema["keys"], variable_scale=variable_scale)
-        return pa.map_(key_type, arrow_type(schema["values"], variable_scale=variable_scale))
+        key_type = arrow_type(_part(schema, "keys"), variable_scale=variable_scale)
+        return pa.map_(key_type, arrow_type(_part(schema, "values"), variable_scale=variable_scale))
     if kind == "struct":
         fields = struct_fields(schema, variable_scale=variable_scale)
         if not fields:  # Parquet cannot write a struct without fields (a table with no columns): the commit would fail
@@ -156,11 +175,12 @@ def struct_fields(schema: dict[str, Any], *, variable_scale: int = 10) -> list[p
         raise DecodeError(f"struct schema {schema.get('name')!r} has no field list")
     typed: list[pa.Field] = []
     for field in fields:
+        name = _field_name(field)
         try:
             field_type = arrow_type(field, variable_scale=variable_scale)
         except DecodeError as exc:
-            raise DecodeError(f"{field.get('field')}: {exc}") from None
-        typed.append(pa.field(field["field"], field_type, nullable=True))
+            raise DecodeError(f"{name}: {exc}") from None
+        typed.append(pa.field(name, field_type, nullable=True))
     return typed
 
 
@@ -382,7 +402,7 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     elif kind == "bytes":
         inner = _b64
     elif kind == "array":
-        item = converter(schema["items"], variable_scale=variable_scale)
+        item = converter(_part(schema, "items"), variable_scale=variable_scale)
 
         def inner(value: Any, path: str) -> Any:
             if not isinstance(value, list):
@@ -390,8 +410,8 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
             return [None if v is None else item(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
     elif kind == "map":
-        key_conv = converter(schema["keys"], variable_scale=variable_scale)
-        value_conv = converter(schema["values"], variable_scale=variable_scale)
+        key_conv = converter(_part(schema, "keys"), variable_scale=variable_scale)
+        value_conv = converter(_part(schema, "values"), variable_scale=variable_scale)
 
         def inner(value: Any, path: str) -> Any:
             # The JSON converter writes string-keyed maps as objects, others as [[k, v], ...].
@@ -421,7 +441,7 @@ _Step = tuple[str, Converter, bool, type[Any] | None, str]
 
 def struct_converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     fields = [
-        (field["field"], converter(field, variable_scale=variable_scale), bool(field.get("optional", False)))
+        (_field_name(field), converter(field, variable_scale=variable_scale), bool(field.get("optional", False)))
         for field in schema.get("fields") or []
     ]
     known = {name for name, _, _ in fields}
@@ -471,4 +491,15 @@ def json_text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    return canonical_json(value)
+
+
+def canonical_json(value: Any) -> str | None:
+    """JSON text with sorted keys (equal values compare equal). Raises DecodeError for what orjson cannot write:
+    nesting deeper than 254 levels (orjson reads up to 1,024), which only a malformed record holds."""
+    if value is None:
+        return None
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError as exc:
+        raise DecodeError(f"the value cannot be written as JSON text: {exc} (nested too deep)") from None
