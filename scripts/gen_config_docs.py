@@ -69,7 +69,13 @@ This keeps secrets out of the file:
 lakehouse:
   catalog_uri: postgresql+psycopg2://iceberg:${{ICEBERG_DB_PASSWORD}}@catalog-db:5432/iceberg
 source:
+  type: kafka
+  bootstrap_servers: kafka:9092
+  topic_pattern: '^dbserver1\\..*'
   consumer:
+    security.protocol: SASL_SSL
+    sasl.mechanism: SCRAM-SHA-512
+    sasl.username: cdclake
     sasl.password: ${{KAFKA_PASSWORD}}
 ```
 

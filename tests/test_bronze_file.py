@@ -709,6 +709,27 @@ def test_a_file_source_reads_the_topics_the_configuration_follows(
     assert dict(read) == expected
 
 
+@pytest.mark.parametrize(("configured", "once", "waited"), [(2.5, False, 2.5), (0.05, False, 0.05), (2.5, True, 0.2)])
+def test_source_poll_timeout_is_the_wait_of_each_poll(
+    lakehouse: Path, configured: float, once: bool, waited: float
+) -> None:
+    """source.poll_timeout_s is how long one poll waits for records (it was accepted and ignored: always 1 s);
+    --once waits at most 0.2 s, since it exits once every partition is read to its end."""
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    settings = make_settings(lakehouse, source={"type": "file", "path": str(PG_DUMP), "poll_timeout_s": configured})
+    pipeline = build_pipeline(settings)
+    timeouts: list[float] = []
+
+    def poll(max_records: int, timeout_s: float) -> list[Any]:
+        timeouts.append(timeout_s)
+        return []
+
+    pipeline.source.poll = poll  # type: ignore[method-assign]
+    assert pipeline._read(once) == []
+    assert timeouts == [waited]
+
+
 @pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
 # A commit per record (the per-record path); one poll of all (the fast path, which keeps typed tombstones).
 @pytest.mark.parametrize("max_records", [1, 100])

@@ -147,6 +147,24 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
         load_settings(environ={"CDCLAKE_CONFIG": str(tmp_path / "missing.yml")})
 
 
+def test_a_missing_config_file_is_named_where_it_was_given(tmp_path: Path) -> None:
+    """Through the CLI too, a CDCLAKE_CONFIG that names no file is reported as CDCLAKE_CONFIG (it was reported as
+    a --config option, which a container's user never passed); --config wins over it."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+
+    missing = tmp_path / "missing.yml"
+    runner = CliRunner()
+    result = runner.invoke(cli, ["status"], env={"CDCLAKE_CONFIG": str(missing)})
+    assert str(result.exception) == f"CDCLAKE_CONFIG={missing}: file not found"
+    result = runner.invoke(cli, ["--config", str(missing), "status"], env={"CDCLAKE_CONFIG": "/elsewhere.yml"})
+    assert str(result.exception) == f"--config {missing}: file not found"
+    other = write(tmp_path, "ingest:\n  max_recordz: 5\n")
+    result = runner.invoke(cli, ["status"], env={"CDCLAKE_CONFIG": str(other)})
+    assert str(result.exception) == f"{other}: ingest.max_recordz: Extra inputs are not permitted"
+
+
 def test_relative_paths_resolve_against_the_config_file(tmp_path: Path) -> None:
     path = write(tmp_path, "lakehouse:\n  warehouse: lh/wh\n")
     settings = load_settings(path, environ={})

@@ -71,3 +71,26 @@ def test_a_benchmark_rewrites_only_its_own_section(tmp_path: Path) -> None:
     assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm2\n| a | b |\n\n## Ingest\n\ni1\n"
     replace_section("## Ingest", "## Ingest\n\ni2\n", path)
     assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm2\n| a | b |\n\n## Ingest\n\ni2\n"
+
+
+def test_configuration_examples_in_the_docs_validate(tmp_path: Path) -> None:
+    """Every cdclake.yml example (a YAML block whose top-level keys are settings sections) loads as written, with
+    the environment variables it references set: a copied example must not fail validation."""
+    import re
+
+    import yaml
+
+    from ingest.config import load_settings
+
+    checked = 0
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
+        for number, block in enumerate(re.findall(r"```yaml\n(.*?)```", doc.read_text(), re.S)):
+            document = yaml.safe_load(block)
+            if not isinstance(document, dict) or not document.keys() <= Settings.model_fields.keys():
+                continue  # a dbt profile or model config, not a cdclake.yml
+            path = tmp_path / f"{doc.stem}-{number}.yml"
+            path.write_text(block)
+            environ = {name: "not-a-secret" for name in re.findall(r"\$\{(\w+)\}", block)}
+            load_settings(path, environ=environ)  # raises ConfigError naming the key
+            checked += 1
+    assert checked >= 6

@@ -19,8 +19,7 @@ from ingest.logs import json_logging
     "--config",
     "config_path",
     type=click.Path(dir_okay=False),
-    envvar="CDCLAKE_CONFIG",
-    help=CONFIG_HELP,
+    help=CONFIG_HELP,  # CDCLAKE_CONFIG is read by ingest.config, so that its errors name the variable
 )
 @click.option(
     "--log-level",

@@ -38,7 +38,7 @@ def build_pipeline(settings: Settings) -> Pipeline:
         source = FileSource(
             settings.resolve(source_settings.path), source_settings.topics, source_settings.topic_pattern
         )
-        return Pipeline(settings.ingest, tables, source, metrics)
+        return Pipeline(settings.ingest, tables, source, metrics, poll_timeout_s=source_settings.poll_timeout_s)
     from ingest.sources.kafka import KafkaSource
 
     def on_health(reason: str | None) -> None:
@@ -46,7 +46,7 @@ def build_pipeline(settings: Settings) -> Pipeline:
         metrics.health_reason = "running" if reason is None else redact(reason, settings)
 
     kafka = KafkaSource(source_settings, on_health=on_health)
-    pipeline = Pipeline(settings.ingest, tables, kafka, metrics)
+    pipeline = Pipeline(settings.ingest, tables, kafka, metrics, poll_timeout_s=source_settings.poll_timeout_s)
     kafka.on_revoke = pipeline.revoke
     return pipeline
 

@@ -36,7 +36,11 @@ STALE_EXIT_CODE = 3
     type=click.FloatRange(min=0),
     default=DEFAULT_STALE_AFTER_S,
     show_default=True,
-    help="Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds).",
+    help=(
+        "Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds); "
+        "also for a bronze table with no ingest commit, a topic whose records are all dead letters (one within "
+        "this time), and a partition whose log starts after bronze's next offset (records deleted unlanded)."
+    ),
 )
 @click.option("--lag/--no-lag", default=True, show_default=True, help="Ask the Kafka cluster for consumer lag.")
 @click.option("--lag-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds.")
