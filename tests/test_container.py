@@ -391,6 +391,16 @@ def test_compose_example_and_its_config() -> None:
     assert "warehouse:/warehouse" in services["dbt"]["volumes"]
     assert "ICEBERG_DB_PASSWORD" in ingest["environment"]
     assert "warehouse" in compose["volumes"]
+    # The dbt job scaffolds models for the deployment's own bronze tables, then builds them, in a project without
+    # the demo's models (whose bronze tables a deployment does not have: every build failed).
+    dbt = services["dbt"]
+    project = Path(dbt["environment"]["CDCLAKE__DBT__PROJECT_DIR"].replace("/repo", str(ROOT), 1))
+    assert project == ROOT / "deploy" / "dbt_project"
+    assert not list(project.rglob("*.sql"))
+    packages = yaml.safe_load((project / "packages.yml").read_text())["packages"]
+    assert (project / packages[0]["local"] / "dbt_project.yml").is_file()
+    command = dbt["command"][-1]
+    assert command.index("cdclake scaffold") < command.index("cdclake dbt build")
 
     settings = load_settings(ROOT / "deploy" / "cdclake.yml", environ={"ICEBERG_DB_PASSWORD": "not-a-secret"})
     assert settings.lakehouse.warehouse == "/warehouse"

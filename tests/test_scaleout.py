@@ -75,10 +75,10 @@ def cluster() -> Iterator[SparkCluster]:
 
 
 def dbt_project_copy(root: Path) -> Path:
-    """The reference project's settings and macros without its models (scaffold writes ours)."""
+    """The project docker-compose.yml's dbt job builds, deploy/dbt_project: no models (scaffold writes ours)."""
     project = root / "dbt_project"
-    ignore = shutil.ignore_patterns("target", "dbt_packages", "logs", "package-lock.yml", "models")
-    shutil.copytree(PROJECT_ROOT / "dbt_project", project, ignore=ignore)
+    ignore = shutil.ignore_patterns("target", "dbt_packages", "logs", "package-lock.yml")
+    shutil.copytree(PROJECT_ROOT / "deploy" / "dbt_project", project, ignore=ignore)
     (project / "packages.yml").write_text(f"packages:\n  - local: {PROJECT_ROOT / 'dbt_cdclake'}\n")
     return project
 
