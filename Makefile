@@ -9,7 +9,7 @@ export TZ := UTC
 # pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime demo test test-slow lint unit bench fixtures clean
+.PHONY: setup runtime demo test test-slow test-live lint unit bench fixtures clean
 
 setup: $(STAMP) runtime
 
@@ -40,6 +40,11 @@ test: setup lint
 test-slow: setup
 	$(PY) -m pytest -m "not dbt and slow" $(PYTEST_ARGS)
 	$(PY) -m pytest -m "dbt and slow" $(PYTEST_ARGS)
+
+# Against real source databases and their Debezium connectors (each skipped, naming what to set, unless configured:
+# see tests/test_live_sources.py). CDCLAKE_TEST_POSTGRES_DSN=embedded runs PostgreSQL's without a server of yours.
+test-live: setup
+	$(PY) -m pytest -m live -rs $(PYTEST_ARGS)
 
 # Fast tests only (no JVM, no broker).
 unit: $(STAMP)

