@@ -315,8 +315,8 @@ def transaction_ordered(connectors: list[str], blocks: list[Any]) -> list[RawRec
     return records
 
 
-@pytest.mark.parametrize("connectors", [["oracle"], ["mongodb"], ["oracle", "informix", "mongodb"]])
-def test_transaction_places_end_the_ordering_of_oracle_and_mongodb(connectors: list[str]) -> None:
+@pytest.mark.parametrize("connectors", [["oracle"], ["mongodb"], ["informix"], ["oracle", "informix", "mongodb"]])
+def test_transaction_places_end_the_ordering_of_oracle_mongodb_and_informix(connectors: list[str]) -> None:
     """``transaction.total_order`` as the last component (-1 without a block), on both paths; a place that is not a
     position is a dead letter. One connector: the columns path; several in one table: the per-row path."""
     good = [{"id": "t", "total_order": n} for n in (1, 2, 3)] + [None, {"id": "t", "total_order": None}]
@@ -325,7 +325,7 @@ def test_transaction_places_end_the_ordering_of_oracle_and_mongodb(connectors: l
     orders = tables["o_s_t"][0].sort_by("_cdc_offset").column("_cdc_order").to_pylist()
     expected = {"oracle": [90, 80], "mongodb": [5000, 2], "informix": [70, -1]}
     assert orders == [
-        expected[connector] + ([] if connector == "informix" else [place])
+        [*expected[connector], place]
         for connector, place in zip(itertools.cycle(connectors), [1, 2, 3, -1, -1], strict=False)
     ]
     assert tables[DEAD_LETTER_TABLE][0].num_rows == len(odd)

@@ -64,8 +64,20 @@ def test_changes_sharing_a_position_in_one_transaction_keep_their_order(source: 
 
 
 def test_other_connectors_ignore_the_transaction_block() -> None:
-    source = {"connector": "informix", "commit_lsn": "7", "change_lsn": "5"}
-    assert ordering(source, {"id": "7", "total_order": 3}) == ordering(source) == [7, 5]
+    source = {"connector": "db2", "commit_lsn": "00000000:00000007:0000", "change_lsn": "00000000:00000005:0000"}
+    assert ordering(source, {"id": "7", "total_order": 3}) == ordering(source) == [0, 7, 0, 0, 5, 0]
+
+
+def test_informix_changes_sharing_a_clamped_change_lsn_keep_their_order() -> None:
+    """Informix's connector raises the change_lsn of a transaction that began before the previous commit to a floor
+    (Debezium's TxLogPosition): a delete and re-insert of one key in it tie on (commit_lsn, change_lsn), and the op
+    tie-break ranked the delete last, dropping a row the source has. transaction.total_order orders them."""
+    source = {"connector": "informix", "commit_lsn": "900", "change_lsn": "800"}
+    delete = ordering(source, {"id": "12", "total_order": 1, "data_collection_order": 1})
+    reinsert = ordering(source, {"id": "12", "total_order": 2, "data_collection_order": 2})
+    assert delete == [900, 800, 1]
+    assert delete < reinsert
+    assert ordering(source) == [900, 800, MISSING]
 
 
 def test_mongodb_seconds_then_ord() -> None:

@@ -162,10 +162,12 @@ ORDERINGS: dict[str, Callable[[Mapping[str, Any]], Position]] = {
 _UNKNOWN_CONNECTORS: set[str] = set()  # warned about once each
 
 # Changes of one transaction can share these connectors' positions: a MongoDB transaction's events share its
-# cluster time (ts_ms, ord), Oracle rows of one transaction can share an scn. Their ordering ends with the event's
-# place in its transaction (Debezium's ``transaction.total_order``, with provide.transaction.metadata; -1 without),
-# so a delete and re-insert of one key in one transaction keep their order instead of falling to the op tie-break.
-TRANSACTION_ORDERED = frozenset({"oracle", "mongodb"})
+# cluster time (ts_ms, ord), Oracle rows of one transaction can share an scn, and Informix's connector (2.x) raises
+# the change_lsn of a transaction that began before the previous commit to a floor, so its early changes share one
+# value. Their ordering ends with the event's place in its transaction (Debezium's ``transaction.total_order``,
+# with provide.transaction.metadata; -1 without), so a delete and re-insert of one key in one transaction keep
+# their order instead of falling to the op tie-break.
+TRANSACTION_ORDERED = frozenset({"oracle", "mongodb", "informix"})
 
 # How silver breaks ties on equal positions: a snapshot read is older than a change at the same position.
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
