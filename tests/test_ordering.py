@@ -182,3 +182,11 @@ def test_other_connectors_are_ordered_by_kafka_offset(caplog: pytest.LogCaptureF
 def test_positions_beyond_64_bits_are_rejected() -> None:
     with pytest.raises(DecodeError, match="beyond 64 bits"):
         ordering({"connector": "informix", "commit_lsn": "123456789012345678901", "change_lsn": "1"})
+
+
+def test_db2_luw_lsns_of_sixteen_bytes_order_by_value() -> None:
+    """Db2 LUW writes 16-byte LSNs (`00000000:000102b5:000000000007bf55`); the seed's examples have 10 bytes."""
+    earlier = ordering({"connector": "db2", "commit_lsn": "00000000:000102b5:000000000007bf55", "change_lsn": None})
+    later = ordering({"connector": "db2", "commit_lsn": "00000000:000102b5:00000000000800a0", "change_lsn": None})
+    assert earlier == [0, 0x102B5, 0x7BF55, MISSING, MISSING, MISSING]
+    assert earlier < later

@@ -22,7 +22,7 @@ Position = list[int]
 MISSING = -1
 MAX_POSITION = 2**63 - 1  # positions are stored as Iceberg longs
 _HEX_SEGMENTS = re.compile(r"^[0-9A-Fa-f]+(:[0-9A-Fa-f]+)*$")
-_LSN_SEGMENTS = 3  # Db2 / SQL Server LSNs: XXXXXXXX:XXXXXXXX:XXXX
+_LSN_SEGMENTS = 3  # Db2 / SQL Server LSNs: XXXXXXXX:XXXXXXXX:XXXX (Db2 LUW: 16 hex digits in the last)
 _PG_LSN = re.compile(r"^([0-9A-Fa-f]+)/([0-9A-Fa-f]+)$")
 _BINLOG_FILE = re.compile(r"([0-9]+)$")  # ASCII digits: \d would take any script's
 
@@ -59,7 +59,7 @@ def _hex_lsn(source: Mapping[str, Any], field: str, connector: str) -> list[int]
         return [MISSING] * _LSN_SEGMENTS
     if not isinstance(value, str) or not _HEX_SEGMENTS.match(value) or value.count(":") != _LSN_SEGMENTS - 1:
         raise DecodeError(
-            f"source.{field}={value!r} is not a valid {connector} LSN (expected XXXXXXXX:XXXXXXXX:XXXX hex)"
+            f"source.{field}={value!r} is not a valid {connector} LSN (expected three colon-separated hex segments)"
         )
     parts = [int(part, 16) for part in value.split(":")]
     if max(parts) > MAX_POSITION:
