@@ -202,6 +202,22 @@ def test_switching_history_needs_a_full_refresh(harness: SilverHarness, tmp_path
     assert harness.history(topic) == topic.expected_history()
 
 
+def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_path: Path) -> None:
+    """A hard table has no `_cdc_deleted` columns and a soft one no tombstones table: the run after the model's
+    delete_mode changed failed on a missing table or column, and so did every later one. It names the fix now."""
+    topic = harness.topic("delete_mode_switch")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "")
+    harness.land(topic, [Change(D, 1, 3)], tmp_path)
+    harness.write_model(topic, "delete_mode='soft'")
+    assert not harness.build(topic)
+    assert "was built with delete_mode='hard', the model now says 'soft'" in (
+        harness.project / "logs" / "dbt.log"
+    ).read_text()
+    assert harness.build(topic, "--full-refresh")
+    assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
+    assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values
+
+
 changes_strategy = st.lists(
     st.tuples(st.sampled_from("cudr"), st.integers(1, 3), st.integers(1, 40), st.sampled_from(["p", "q", None])),
     min_size=1,

@@ -74,6 +74,11 @@
   {%- if existing is not none and properties.get('cdclake.history', 'current') != history -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ properties.get('cdclake.history', 'current') ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
   {%- endif -%}
+  {#- A soft table has no tombstones table and a hard one no _cdc_deleted columns: each run would fail obscurely.
+      (Recorded by every run since 2026-11-26; a table no run has recorded it on is not checked.) -#}
+  {%- if existing is not none and properties.get('cdclake.delete_mode', delete_mode) != delete_mode -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with delete_mode='" ~ properties.get('cdclake.delete_mode') ~ "', the model now says '" ~ delete_mode ~ "': rebuild it with --full-refresh") }}
+  {%- endif -%}
 
   {%- set start = properties.get('cdclake.bronze_snapshot_id') -%}
   {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
@@ -359,6 +364,10 @@
 {% macro signature_property(layout, properties) -%}
   {%- if layout.signature and properties.get('cdclake.layout_signature') != layout.signature -%}
     , 'cdclake.layout_signature' = '{{ layout.signature }}'
+  {%- endif -%}
+  {%- set delete_mode = config.get('delete_mode', 'hard') -%}
+  {%- if properties.get('cdclake.delete_mode') != delete_mode -%}
+    , 'cdclake.delete_mode' = '{{ delete_mode }}'
   {%- endif -%}
   {%- set images = tojson({'image_columns': layout.image_columns, 'ignore_null_updates': not not config.get('ignore_null_updates', false), 'unavailable_value': cdclake.configured_placeholder()}) -%}
   {%- if properties.get('cdclake.images') != images -%}
