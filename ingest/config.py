@@ -100,6 +100,23 @@ class SparkSettings(_Section):
     )
 
 
+# An unescaped \d, \w, \s, \b (or their negations), or a (?...) group.
+_NOT_POSIX = re.compile(r"(?<!\\)(?:\\\\)*(\\[dDwWsSbB]|\(\?)")
+# librdkafka consumer settings whose other values break what bronze promises.
+_CONSUMER_REQUIRED: dict[str, frozenset[str]] = {
+    "isolation.level": frozenset({"read_committed"}),
+    "auto.offset.reset": frozenset({"error", "earliest", "smallest", "beginning"}),
+    "enable.partition.eof": frozenset({"true"}),
+}
+_CONSUMER_WHY = {
+    "isolation.level": "records of aborted transactions would land in bronze (a Kafka Connect task with exactly-once "
+    "source support aborts and sends its batch again): keep read_committed",
+    "auto.offset.reset": "a partition whose bronze offset the log no longer holds would jump to its end, skipping "
+    "every record not landed yet without a word: use error (the default) or earliest",
+    "enable.partition.eof": "cdclake learns that a partition is read to its end from these events (--once, lag)",
+}
+
+
 class SourceSettings(_Section):
     """Where change events come from: a Kafka cluster, or a topic dump in `kcat -C -J` JSON lines."""
 
@@ -109,14 +126,18 @@ class SourceSettings(_Section):
         default_factory=list, description="Debezium topics to follow (type=file: those of the dump; default all)."
     )
     topic_pattern: str | None = Field(
-        default=None, description="Regex of topics to follow, matched from the name's start, e.g. '^dbserver1\\..*'."
+        default=None,
+        description="Regex of topics to follow, matched from the name's start, e.g. '^dbserver1\\..*' (POSIX "
+        "extended, as librdkafka matches it: [0-9], not \\d).",
     )
     group_id: str = Field(default="cdclake", description="Consumer group; group commits are advisory only.")
     consumer: dict[str, SecretStr] = Field(
         default_factory=dict,
         description=(
             "Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*). cdclake sets auto.offset.reset to "
-            "error: a partition whose bronze offset the topic no longer holds stops ingest; earliest accepts the gap."
+            "error: a partition whose bronze offset the topic no longer holds stops ingest; earliest accepts the gap. "
+            "Refused, since they break exactly-once: auto.offset.reset latest, isolation.level read_uncommitted, "
+            "enable.partition.eof false."
         ),
     )
     path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")
@@ -130,6 +151,23 @@ class SourceSettings(_Section):
                 re.compile(value)
             except re.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from exc
+            # librdkafka subscribes with a POSIX extended regex: Python's classes and groups would match no topic
+            # (\d) or fail the subscription (lookarounds, inline flags), not a word of which names this setting.
+            unsupported = _NOT_POSIX.search(value)
+            if unsupported:
+                raise ValueError(
+                    f"`{unsupported.group(1)}` is not in the POSIX extended regex librdkafka matches topics with "
+                    "(use [0-9] for \\d, [A-Za-z0-9_] for \\w, [[:space:]] for \\s; no (?...) groups)"
+                )
+        return value
+
+    @field_validator("consumer")
+    @classmethod
+    def _consumer_keeps_exactly_once(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for key, allowed in _CONSUMER_REQUIRED.items():
+            setting = value.get(key)
+            if setting is not None and setting.get_secret_value().strip().lower() not in allowed:
+                raise ValueError(f"{key}={setting.get_secret_value()!r}: {_CONSUMER_WHY[key]}")
         return value
 
     @model_validator(mode="after")

@@ -240,9 +240,10 @@ class Pipeline:
             dead_offset = self._offsets(DEAD_LETTER_TABLE).get(tp)
             if offset is None or dead_offset is None or dead_offset <= offset:
                 return offset
-            return landed_up_to(self.tables.load(DEAD_LETTER_TABLE), tp, offset, dead_offset)
+            dead_table = self.tables.load(DEAD_LETTER_TABLE)
+            return landed_up_to(dead_table, tp, offset, dead_offset, self.tables.identifier(name))
 
-    def _dead_lettered(self, tp: tuple[str, int], offset: int) -> bool:
+    def _dead_lettered(self, name: str, tp: tuple[str, int], offset: int) -> bool:
         """Whether the dead-letter table holds this record. Only a record below its offsets can be there: one read
         again after a crash between the dead-letter commit and the data table's (ingest.bronze.dead_letters)."""
         high = self._offsets(DEAD_LETTER_TABLE).get(tp, -1)
@@ -251,7 +252,8 @@ class Pipeline:
         window = self._dead_letter_window.get(tp)
         if window is None or not window[0] <= offset < window[1]:
             table = self.tables.load(DEAD_LETTER_TABLE)
-            held = set() if table is None else dead_lettered_offsets(table, tp[0], tp[1], offset, high)
+            destination = self.tables.identifier(name)
+            held = set() if table is None else dead_lettered_offsets(table, tp[0], tp[1], offset, high, destination)
             window = self._dead_letter_window[tp] = (offset, high, held)  # records come in offset order
         return offset in window[2]
 
@@ -567,7 +569,7 @@ class Pipeline:
         if name is None:
             name = self._route(record.topic)
         tp = (record.topic, record.partition)
-        if record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(tp, record.offset):
+        if record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(name, tp, record.offset):
             self._skip("replay")
             return
         try:

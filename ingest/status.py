@@ -450,14 +450,14 @@ def collect_status(
         last_commit, last_from = last_ingest_commit(table)
         current = table.current_snapshot()
         offsets = {
-            tp: landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset))
+            tp: landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, offset), identifier)
             for tp, offset in decode_offsets(table.properties.get(OFFSETS_PROPERTY)).items()
         }
         # A partition whose every record so far was a dead letter has no offset in the data table: it is where the
         # dead-letter table says (its lag is asked for like any other's).
         for tp, dead_offset in dead_offsets.items():
             if tp not in offsets and bronze_table_name(tp[0], settings.ingest.table_mapping) == name:
-                offsets[tp] = dead_letters_landed_up_to(dead_table, tp, dead_offset)
+                offsets[tp] = dead_letters_landed_up_to(dead_table, tp, dead_offset, identifier)
         status = BronzeStatus(
             name=name,
             table=identifier,

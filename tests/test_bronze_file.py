@@ -859,3 +859,28 @@ def test_dead_letters_past_a_few_per_flush_are_logged_in_one_line(
         "one by one (bronze._cdc_dead_letters holds each)"
     ]
     assert len(rows(settings, DEAD_LETTER_TABLE)) == 26
+
+
+def test_a_recreated_topic_landed_in_a_new_table_is_not_skipped_at_its_old_dead_letters(
+    lakehouse: Path, tmp_path: Path
+) -> None:
+    """operations.md: land a topic deleted and created again (offsets from 0) into a new table. Its records at the
+    offsets of the old topic's dead letters were taken for those dead letters: skipped as landed, and after a
+    restart not even read. Dead letters count for the table they were meant for only."""
+    from tests.conftest import file_pipeline
+
+    source = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+
+    def good(offset: int) -> tuple[str, int, Any, Any]:
+        return ("i.s.t", offset, {"id": offset}, {"op": "c", "after": {"id": offset}, "source": source})
+
+    old = [good(n) for n in range(5)] + [("i.s.t", n, {"id": n}, "{not json") for n in (5, 6, 7)]
+    ingest_file(make_settings(lakehouse), write_dump(tmp_path / "old.jsonl", [*old, good(8), good(9)]))
+    new_topic = write_dump(tmp_path / "new.jsonl", [good(n) for n in range(12)])
+    settings = make_settings(lakehouse, ingest={"table_mapping": {"i.s.t": "i_s_t_v2"}})
+    assert file_pipeline(settings, new_topic).resolve("i.s.t", 0) is None  # nothing landed for the new table
+    pipeline = ingest_file(settings, write_dump(tmp_path / "first.jsonl", [good(n) for n in range(5)]))
+    assert pipeline.resolve("i.s.t", 0) == 5  # not 8: offsets 5-7 of this topic are not the old one's dead letters
+    ingest_file(settings, new_topic)
+    assert sorted(r["_cdc_offset"] for r in rows(settings, "i_s_t_v2")) == list(range(12))
+    assert sorted(r["_cdc_offset"] for r in rows(settings, DEAD_LETTER_TABLE)) == [5, 6, 7]  # the old topic's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -394,3 +395,36 @@ def test_cdclake_dbt_says_why_dbt_did_not_run(tmp_path: Path) -> None:
         result = runner.invoke(cli, argv, standalone_mode=False)
         assert result.return_value == 1, result.output  # `cdclake`'s exit code (ingest.cli.main)
         assert f"dbt did not run: {error}" in result.output  # the log, on stderr
+
+
+@pytest.mark.parametrize(
+    ("consumer", "named"),
+    [
+        ({"isolation.level": "read_uncommitted"}, "isolation.level='read_uncommitted': records of aborted"),
+        ({"auto.offset.reset": "latest"}, "auto.offset.reset='latest': a partition whose bronze offset"),
+        ({"auto.offset.reset": "largest"}, "auto.offset.reset='largest'"),
+        ({"enable.partition.eof": "false"}, "enable.partition.eof='false'"),
+    ],
+)
+def test_consumer_settings_that_break_exactly_once_are_refused(
+    tmp_path: Path, consumer: dict[str, str], named: str
+) -> None:
+    """librdkafka settings passed through under source.consumer: aborted transactions landed, a silent jump to the
+    end of a partition, a --once that never ends. Refused at load, naming the setting and why."""
+    path = write(tmp_path, yaml.safe_dump({"source": {"type": "kafka", "topics": ["a"], "consumer": consumer}}))
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        load_settings(path, environ={})
+    fine = {"isolation.level": "READ_COMMITTED", "auto.offset.reset": "earliest", "enable.partition.eof": "true"}
+    path = write(tmp_path, yaml.safe_dump({"source": {"type": "kafka", "topics": ["a"], "consumer": fine}}))
+    assert load_settings(path, environ={}).require_source().consumer_config() == fine
+
+
+@pytest.mark.parametrize("pattern", [r"^dbserver\d\..*", r"^db\w+\.x", r"(?i)^dbserver1\..*", r"^a(?!b).*"])
+def test_a_topic_pattern_librdkafka_cannot_match_is_refused(tmp_path: Path, pattern: str) -> None:
+    """librdkafka subscribes with a POSIX extended regex: `\\d` matched no topic (and --once blamed the consumer
+    group after minutes), a lookahead or inline flag failed the subscription with librdkafka's bare error."""
+    path = write(tmp_path, yaml.safe_dump({"source": {"type": "kafka", "topic_pattern": pattern}}))
+    with pytest.raises(ConfigError, match=r"source\.topic_pattern: .*POSIX extended regex"):
+        load_settings(path, environ={})
+    path = write(tmp_path, yaml.safe_dump({"source": {"type": "kafka", "topic_pattern": r"^dbserver[0-9]\..*"}}))
+    assert load_settings(path, environ={}).require_source().topic_pattern == r"^dbserver[0-9]\..*"

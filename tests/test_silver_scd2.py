@@ -210,9 +210,10 @@ def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_
     harness.land(topic, [Change(D, 1, 3)], tmp_path)
     harness.write_model(topic, "delete_mode='soft'")
     assert not harness.build(topic)
-    assert "was built with delete_mode='hard', the model now says 'soft'" in (
-        harness.project / "logs" / "dbt.log"
-    ).read_text()
+    assert (
+        "was built with delete_mode='hard', the model now says 'soft'"
+        in (harness.project / "logs" / "dbt.log").read_text()
+    )
     assert harness.build(topic, "--full-refresh")
     assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
     assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values

@@ -45,8 +45,13 @@ def dead_letter_row(record: RawRecord, destination: str, error: Exception, inges
     }
 
 
-def dead_lettered_offsets(table: Table, topic: str, partition: int, low: int, high: int) -> set[int]:
-    """The offsets in ``[low, high)`` of the partition's records that ``table`` (the dead-letter table) holds."""
+def dead_lettered_offsets(
+    table: Table, topic: str, partition: int, low: int, high: int, destination: str | None = None
+) -> set[int]:
+    """The offsets in ``[low, high)`` of the partition's records that ``table`` (the dead-letter table) holds; with
+    ``destination``, only those meant for that bronze table. A topic deleted and created again numbers its records
+    from 0: landed into another table (ingest.table_mapping), its records at the offsets of the old topic's dead
+    letters are not those dead letters."""
     # pyiceberg's predicates are pydantic models: mypy reads their generated signature, not their __init__.
     equal: Any = EqualTo
     at_least: Any = GreaterThanOrEqual
@@ -57,11 +62,15 @@ def dead_lettered_offsets(table: Table, topic: str, partition: int, low: int, hi
         at_least("_cdc_offset", low),
         below("_cdc_offset", high),
     )
+    if destination is not None:
+        condition = And(condition, equal("_cdc_destination", destination))
     offsets = table.scan(row_filter=condition, selected_fields=("_cdc_offset",)).to_arrow()["_cdc_offset"]
     return set(offsets.to_pylist())
 
 
-def landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int) -> int:
+def landed_up_to(
+    dead_table: Table | None, tp: tuple[str, int], offset: int, dead_offset: int, destination: str | None = None
+) -> int:
     """Where a partition's landed records end: the data table's offset moves only with a record of its own, so past
     it come the records the dead-letter table holds (a partition whose latest records were dead letters has no lag,
     and resumes after them: a topic's retention may have deleted them since). Only a run of consecutive ones:
@@ -69,13 +78,16 @@ def landed_up_to(dead_table: Table | None, tp: tuple[str, int], offset: int, dea
     letters') are not landed."""
     if dead_table is None or dead_offset <= offset:
         return offset
-    return _end_of_run(dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset), offset)
+    held = dead_lettered_offsets(dead_table, tp[0], tp[1], offset, dead_offset, destination)
+    return _end_of_run(held, offset)
 
 
-def dead_letters_landed_up_to(dead_table: Table | None, tp: tuple[str, int], dead_offset: int) -> int:
+def dead_letters_landed_up_to(
+    dead_table: Table | None, tp: tuple[str, int], dead_offset: int, destination: str | None = None
+) -> int:
     """Where a partition with no record in its data table has landed: through the run of dead letters from its first
     (a topic's retention may have cut earlier offsets), as landed_up_to counts them."""
-    held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset)
+    held = set() if dead_table is None else dead_lettered_offsets(dead_table, tp[0], tp[1], 0, dead_offset, destination)
     return _end_of_run(held, min(held, default=dead_offset))
 
 

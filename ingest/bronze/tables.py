@@ -245,15 +245,15 @@ def _unwritten_rows(table: Table, batch: TableBatch, stored: Offsets) -> list[di
     table's, and the dead letters whose coordinates the dead-letter table does not hold (ingest.bronze.dead_letters:
     its offsets may be ahead of the records a restart reads again, and a record may fail only now)."""
     fresh: list[dict[str, object]] = []
-    below: dict[tuple[str, int], list[dict[str, object]]] = {}
+    below: dict[tuple[str, int, str], list[dict[str, object]]] = {}
     for row in batch.rows:
         if row["_cdc_offset"] >= stored.get(_tp(row), -1):  # type: ignore[operator]
             fresh.append(row)
         elif batch.kind == DEAD_LETTER_KIND:
-            below.setdefault(_tp(row), []).append(row)
-    for (topic, partition), candidates in below.items():
+            below.setdefault((*_tp(row), str(row["_cdc_destination"])), []).append(row)
+    for (topic, partition, destination), candidates in below.items():
         offsets = [int(row["_cdc_offset"]) for row in candidates]  # type: ignore[call-overload]
-        held = dead_lettered_offsets(table, topic, partition, min(offsets), max(offsets) + 1)
+        held = dead_lettered_offsets(table, topic, partition, min(offsets), max(offsets) + 1, destination)
         fresh.extend(row for row, offset in zip(candidates, offsets, strict=True) if offset not in held)
     return fresh
 
