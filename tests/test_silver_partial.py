@@ -505,6 +505,18 @@ def test_an_update_that_cannot_be_folded_fails_the_run(
     assert harness.spark.sql(f"show tables in silver like '{topic.table}'").count() == 0  # nothing written
 
 
+def test_a_full_refresh_that_fails_leaves_the_old_table(harness: SilverHarness, tmp_path: Path) -> None:
+    """--full-refresh dropped silver first: a rebuild that then failed (an update with no document before it) left
+    no table at all, and readers found none while it ran. Each table is replaced in one commit now."""
+    topic = harness.mongo_topic("refresh_fails")
+    harness.apply(topic, [MongoChange(C, 1, 100, after=ANNE)], tmp_path)
+    built = harness.documents(topic)
+    assert built
+    harness.land(topic, [MongoChange("u", 7, 101, updated={"name": "x"})], tmp_path)
+    assert not harness.build(topic, "--full-refresh")
+    assert harness.documents(topic) == built
+
+
 @pytest.mark.parametrize("config", ["history='scd2'", "delete_mode='soft'"])
 def test_an_excluded_change_is_left_out_of_the_fold(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     """A history or soft deletes fold every update: an update with no document before it fails every run, a later

@@ -200,6 +200,14 @@ def test_switching_history_needs_a_full_refresh(harness: SilverHarness, tmp_path
     assert "rebuild it with --full-refresh" in (harness.project / "logs" / "dbt.log").read_text()
     assert harness.build(topic, "--full-refresh")
     assert harness.history(topic) == topic.expected_history()
+    # And back: the history table is replaced, and its properties with it (a stale history='scd2' failed every run).
+    harness.land(topic, [Change(U, 1, 3, "c")], tmp_path)
+    harness.write_model(topic, "")
+    assert not harness.build(topic)
+    assert harness.build(topic, "--full-refresh")
+    harness.land(topic, [Change(U, 1, 4, "d")], tmp_path)
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "d"}
 
 
 def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_path: Path) -> None:
@@ -215,6 +223,7 @@ def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_
         in (harness.project / "logs" / "dbt.log").read_text()
     )
     assert harness.build(topic, "--full-refresh")
+    assert harness.spark.sql(f"show tables in silver like '{topic.table}__cdc_tombstones'").count() == 0
     assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
     assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values
 

@@ -178,8 +178,8 @@ select * from dropped
 {%- endmacro %}
 
 
-{% macro scd2_create_sql(target, layout, rows, delete_mode) -%}
-  create table {{ target }}
+{% macro scd2_create_sql(target, layout, rows, delete_mode, replace=false) -%}
+  create {% if replace %}or replace {% endif %}table {{ target }}
   using iceberg
   tblproperties ({{ cdclake.silver_table_properties() }}, 'cdclake.history' = 'scd2')
   as select
@@ -191,8 +191,8 @@ select * from dropped
 {%- endmacro %}
 
 
-{% macro scd2_create_tombstones_sql(tombstones, layout, rows) -%}
-  create table {{ tombstones }}
+{% macro scd2_create_tombstones_sql(tombstones, layout, rows, replace=false) -%}
+  create {% if replace %}or replace {% endif %}table {{ tombstones }}
   using iceberg
   tblproperties ({{ cdclake.silver_table_properties(rows=false) }}, 'cdclake.history' = 'scd2')
   as select {% for key in layout.key_columns %}r.{{ cdclake.quote(key) }}, {% endfor %}r._cdc_order, r._cdc_op, r._cdc_offset, r._cdc_source_ts,
@@ -235,9 +235,10 @@ select * from dropped
   Runs one unit of work for a history='scd2' model and returns the SQL of its 'main' statement (the silver
   CREATE or MERGE); tombstones (delete_mode='hard') are written before it on the first run, after it later, as
   the current-state path does. Call scd2_finish() after 'main'. `truncate_free`: the unit holds no truncate
-  (truncate_free in bronze.sql), so it is not read for one.
+  (truncate_free in bronze.sql), so it is not read for one. `replace`: a --full-refresh of existing tables, each
+  replaced in one commit.
 -#}
-{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false) -%}
+{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false, replace=false) -%}
   {%- set rows = model.alias ~ '__cdc_history' -%}
   {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
   {% do run_query('uncache table if exists ' ~ rows) %}
@@ -251,10 +252,10 @@ select * from dropped
   {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
   {%- if existing is none -%}
     {%- if delete_mode == 'hard' -%}
-      {% do run_query('drop table if exists ' ~ tombstones) %}
-      {% do run_query(cdclake.scd2_create_tombstones_sql(tombstones, layout, rows)) %}
+      {%- if not replace %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
+      {% do run_query(cdclake.scd2_create_tombstones_sql(tombstones, layout, rows, replace)) %}
     {%- endif -%}
-    {{ return(cdclake.scd2_create_sql(target, layout, rows, delete_mode)) }}
+    {{ return(cdclake.scd2_create_sql(target, layout, rows, delete_mode, replace)) }}
   {%- endif -%}
   {{ return(cdclake.scd2_merge_sql(target, layout, rows, delete_mode)) }}
 {%- endmacro %}

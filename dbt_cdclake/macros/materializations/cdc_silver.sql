@@ -62,9 +62,11 @@
 
   {{ run_hooks(pre_hooks) }}
 
-  {%- if existing is not none and should_full_refresh() -%}
-    {% do run_query('drop table if exists ' ~ target) %}
-    {% do run_query('drop table if exists ' ~ tombstones) %}
+  {#- --full-refresh of an existing table: built as a first run is, but each table is replaced in one commit
+      (`create or replace table ... as select`), so readers see the old table until the new one is there, and a
+      rebuild that fails leaves the old one. -#}
+  {%- set replacing = existing is not none and should_full_refresh() -%}
+  {%- if replacing -%}
     {%- set existing = none -%}
   {%- endif -%}
   {%- if existing is none -%}
@@ -97,8 +99,9 @@
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves) -%}
-    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start)) -%}
+    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start), replacing) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
+    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode) %}{% endif -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
@@ -127,11 +130,11 @@
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
           the other order left a silver table without tombstones, on which every later run failed. -#}
       {%- if delete_mode == 'hard' -%}
-        {% do run_query('drop table if exists ' ~ tombstones) %}
-        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate)) %}
+        {%- if not replacing %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
+        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate, replacing)) %}
       {%- endif -%}
       {%- call statement('main') -%}
-        create table {{ target }}
+        create {% if replacing %}or replace {% endif %}table {{ target }}
         using iceberg
         tblproperties ({{ cdclake.silver_table_properties() }})
         as select {{ cdclake.silver_select(layout, 'w') }}
@@ -139,6 +142,7 @@
         from {{ winners }} w
         where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
+      {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode) %}{% endif -%}
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
@@ -228,6 +232,19 @@
   {% do persist_docs(target, model) %}
   {{ return({'relations': [target]}) }}
 {% endmaterialization %}
+
+
+{#-
+  After a --full-refresh replaced silver: Iceberg keeps a replaced table's properties, so those of the old table's
+  runs that this one does not set go (where the old runs applied to, a truncate the rebuild did not find again,
+  history='scd2' on a table that no longer is one); so does a tombstones table the new delete_mode has none of.
+-#}
+{% macro forget_replaced_state(target, tombstones, history, delete_mode) -%}
+  {%- set stale = ["'cdclake.applied_position'", "'cdclake.truncated_before'"] -%}
+  {%- if history == 'current' %}{% do stale.append("'cdclake.history'") %}{% endif -%}
+  {% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}
+  {%- if delete_mode == 'soft' %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
+{%- endmacro %}
 
 
 {#-
@@ -393,8 +410,8 @@
 {%- endmacro %}
 
 
-{% macro create_tombstones_sql(tombstones, layout, winners, after_truncate) -%}
-  create table {{ tombstones }}
+{% macro create_tombstones_sql(tombstones, layout, winners, after_truncate, replace=false) -%}
+  create {% if replace %}or replace {% endif %}table {{ tombstones }}
   using iceberg
   tblproperties ({{ cdclake.silver_table_properties(rows=false) }})
   as select {% for key in layout.key_columns %}w.{{ cdclake.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
