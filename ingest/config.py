@@ -100,19 +100,24 @@ class SparkSettings(_Section):
     )
 
 
-# An unescaped \d, \w, \s, \b (or their negations), or a (?...) group.
-_NOT_POSIX = re.compile(r"(?<!\\)(?:\\\\)*(\\[dDwWsSbB]|\(\?)")
+# An unescaped \d or \D, or a (?...) group: Python's, not in the POSIX extended regex (with GNU's \w, \s, \b)
+# librdkafka subscribes with.
+_NOT_POSIX = re.compile(r"(?<!\\)(?:\\\\)*(\\[dD]|\(\?)")
 # librdkafka consumer settings whose other values break what bronze promises.
+_RESETS = frozenset({"error", "earliest", "smallest", "beginning"})
 _CONSUMER_REQUIRED: dict[str, frozenset[str]] = {
     "isolation.level": frozenset({"read_committed"}),
-    "auto.offset.reset": frozenset({"error", "earliest", "smallest", "beginning"}),
-    "enable.partition.eof": frozenset({"true"}),
+    "auto.offset.reset": _RESETS,
+    "topic.auto.offset.reset": _RESETS,  # librdkafka takes topic settings with this prefix too
+    "enable.partition.eof": frozenset({"true", "t", "1"}),  # librdkafka's spellings of true
 }
 _CONSUMER_WHY = {
     "isolation.level": "records of aborted transactions would land in bronze (a Kafka Connect task with exactly-once "
     "source support aborts and sends its batch again): keep read_committed",
     "auto.offset.reset": "a partition whose bronze offset the log no longer holds would jump to its end, skipping "
     "every record not landed yet without a word: use error (the default) or earliest",
+    "topic.auto.offset.reset": "a partition whose bronze offset the log no longer holds would jump to its end, "
+    "skipping every record not landed yet without a word: use error (the default) or earliest",
     "enable.partition.eof": "cdclake learns that a partition is read to its end from these events (--once, lag)",
 }
 
@@ -151,13 +156,13 @@ class SourceSettings(_Section):
                 re.compile(value)
             except re.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from exc
-            # librdkafka subscribes with a POSIX extended regex: Python's classes and groups would match no topic
-            # (\d) or fail the subscription (lookarounds, inline flags), not a word of which names this setting.
+            # librdkafka subscribes with a POSIX extended regex: \d would match no topic, a lookaround or inline
+            # flag fails the subscription, and neither error names this setting.
             unsupported = _NOT_POSIX.search(value)
             if unsupported:
                 raise ValueError(
                     f"`{unsupported.group(1)}` is not in the POSIX extended regex librdkafka matches topics with "
-                    "(use [0-9] for \\d, [A-Za-z0-9_] for \\w, [[:space:]] for \\s; no (?...) groups)"
+                    "(use [0-9] for \\d; no (?...) groups)"
                 )
         return value
 

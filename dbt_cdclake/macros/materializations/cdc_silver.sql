@@ -90,6 +90,11 @@
     {%- set start = none -%}
   {%- endif -%}
 
+  {%- if replacing and end is none -%}
+    {#- Nothing in bronze to rebuild from (a table dropped for a recreated topic): no silver, as before a first run. -#}
+    {% do run_query('drop table if exists ' ~ target) %}
+    {% do run_query('drop table if exists ' ~ tombstones) %}
+  {%- endif -%}
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
@@ -101,10 +106,10 @@
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves) -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start), replacing) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
-    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode) %}{% endif -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
+    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
   {%- else -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
@@ -142,7 +147,6 @@
         from {{ winners }} w
         where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
-      {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode) %}{% endif -%}
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
@@ -216,6 +220,10 @@
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
     {%- if existing is not none and 'write.metadata.metrics.column._cdc_applied_at' not in properties %}{% do updates.append(cdclake.applied_at_metrics()) %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
+    {%- if replacing -%}
+      {%- set kept = (['cdclake.applied_position'] if new_position is not none else []) + (['cdclake.truncated_before'] if truncate else []) -%}
+      {% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, kept) %}
+    {%- endif -%}
     {%- if batch_schemas is defined -%}
       {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
     {%- endif -%}
@@ -235,14 +243,18 @@
 
 
 {#-
-  After a --full-refresh replaced silver: Iceberg keeps a replaced table's properties, so those of the old table's
-  runs that this one does not set go (where the old runs applied to, a truncate the rebuild did not find again,
-  history='scd2' on a table that no longer is one); so does a tombstones table the new delete_mode has none of.
+  After a --full-refresh replaced silver and set its properties: Iceberg keeps a replaced table's properties, so
+  those of the old table's runs that this one did not set (`kept`: those it did) go: where the old runs applied to,
+  a truncate the rebuild did not find again, history='scd2' on a table that no longer is one. Last, so that a run
+  killed before has the new bronze snapshot with old values, which cost a lookup or name the fix. So does a
+  tombstones table the new delete_mode has none of.
 -#}
-{% macro forget_replaced_state(target, tombstones, history, delete_mode) -%}
-  {%- set stale = ["'cdclake.applied_position'", "'cdclake.truncated_before'"] -%}
-  {%- if history == 'current' %}{% do stale.append("'cdclake.history'") %}{% endif -%}
-  {% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}
+{% macro forget_replaced_state(target, tombstones, history, delete_mode, kept) -%}
+  {%- set stale = [] -%}
+  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before'] + (['cdclake.history'] if history == 'current' else []) if name not in kept -%}
+    {% do stale.append("'" ~ name ~ "'") %}
+  {%- endfor -%}
+  {%- if stale %}{% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}{% endif -%}
   {%- if delete_mode == 'soft' %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
 {%- endmacro %}
 
