@@ -453,7 +453,7 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     topic = harness.topic("applied_position")
     harness.apply(topic, [Change(C, 1, 10, "x"), Change(C, 2, 20, "y"), Change(D, 3, 30)], dumps)
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
-    assert json.loads(properties["cdclake.applied_position"])["o"] == [30, 30]
+    assert json.loads(properties["cdclake.applied_position"])["o"] == [30, 30, -1]  # Informix: total_order last
     # Key 1: a late update (15) and a newer one (40); key 2: only a late one (5); key 3 (deleted at 30): a late
     # update (29) stays void. Then a newer create (50) brings key 3 back, and later late ones stay void.
     log = harness.project / "logs" / "dbt.log"
@@ -465,12 +465,12 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     )
     with log.open("rb") as text:  # the lookup of silver's rows takes only the keys of changes at or below 30
         text.seek(size)
-        assert b"i._cdc_offset) <= named_struct('o', cast(array(30, 30) as array<bigint>)" in text.read()
+        assert b"i._cdc_offset) <= named_struct('o', cast(array(30, 30, -1) as array<bigint>)" in text.read()
     assert harness.silver(topic) == {1: "x2", 2: "y"} == topic.expected()
     harness.apply(topic, [Change(C, 3, 50, "reborn"), Change(U, 1, 35, "late2"), Change(U, 3, 45, "late3")], dumps)
     assert harness.silver(topic) == {1: "x2", 2: "y", 3: "reborn"} == topic.expected()
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
-    assert json.loads(properties["cdclake.applied_position"])["o"] == [50, 50]
+    assert json.loads(properties["cdclake.applied_position"])["o"] == [50, 50, -1]
 
 
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:
@@ -528,7 +528,7 @@ def test_silver_rows_carry_their_metadata(harness: SilverHarness, dumps: Path) -
     topic = harness.topic("metadata")
     harness.apply(topic, [Change(C, 1, 7, "a")], dumps)
     row = harness.spark.sql(f"select * from silver.{topic.table}").collect()[0].asDict()
-    assert row["_cdc_order"] == [7, 7]
+    assert row["_cdc_order"] == [7, 7, -1]  # commit_lsn, change_lsn, transaction.total_order (none)
     assert row["_cdc_op"] == "c"
     assert row["_cdc_source_ts"] is not None
     assert row["_cdc_applied_at"] is not None

@@ -48,7 +48,7 @@ def test_versions_of_a_create_update_update_delete_history(harness: SilverHarnes
     assert {"id", "v", "n", "_cdc_is_current", "_cdc_valid_to", "_cdc_op", "_cdc_offset"} <= rows[0].keys()
     # Hard deletes: the delete is kept in the tombstones table, so a late change before it stays closed.
     tombstones = harness.rows(f"silver.{hard.table}__cdc_tombstones")
-    assert [(row["id"], row["_cdc_order"], row["_cdc_op"]) for row in tombstones] == [(1, [40, 40], D)]
+    assert [(row["id"], row["_cdc_order"], row["_cdc_op"]) for row in tombstones] == [(1, [40, 40, -1], D)]
 
 
 def test_replays_and_reruns_change_nothing(harness: SilverHarness, tmp_path: Path) -> None:
