@@ -111,13 +111,15 @@ _CONSUMER_REQUIRED: dict[str, frozenset[str]] = {
     "topic.auto.offset.reset": _RESETS,  # librdkafka takes topic settings with this prefix too
     "enable.partition.eof": frozenset({"true", "t", "1"}),  # librdkafka's spellings of true
 }
+_RESET_WHY = (
+    "a partition whose bronze offset the log no longer holds would jump to its end, skipping every record not "
+    "landed yet without a word: use error (the default) or earliest"
+)
 _CONSUMER_WHY = {
     "isolation.level": "records of aborted transactions would land in bronze (a Kafka Connect task with exactly-once "
     "source support aborts and sends its batch again): keep read_committed",
-    "auto.offset.reset": "a partition whose bronze offset the log no longer holds would jump to its end, skipping "
-    "every record not landed yet without a word: use error (the default) or earliest",
-    "topic.auto.offset.reset": "a partition whose bronze offset the log no longer holds would jump to its end, "
-    "skipping every record not landed yet without a word: use error (the default) or earliest",
+    "auto.offset.reset": _RESET_WHY,
+    "topic.auto.offset.reset": _RESET_WHY,
     "enable.partition.eof": "cdclake learns that a partition is read to its end from these events (--once, lag)",
 }
 

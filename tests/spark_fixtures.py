@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from ingest.config import Settings, load_settings
-from tests.conftest import make_settings
+from tests.conftest import TEST_SPARK_CONF, make_settings
 from tests.missing import missing_runtime
 
 # The session's Spark settings: they cannot change once the JVM runs, so every config() copies them.
-SPARK_SECTION = {"master": "local[2]"}
+SPARK_SECTION = {"master": "local[2]", "conf": dict(TEST_SPARK_CONF)}
 
 
 @dataclass

@@ -324,6 +324,43 @@ spark:
     assert environment["CDCLAKE_SECRET_SPARK_SQL_CATALOG_OTHER_URI"].endswith("password=other-secret-4")
 
 
+@pytest.mark.dbt
+def test_a_dbt_run_reads_its_own_profile_while_another_config_rewrites_the_shared_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `cdclake dbt` of one install with two cdclake.yml (two lakehouses) at once: the well-known profile is
+    the last writer's, so each run reads a copy of its own (real dbt parses with it)."""
+    import shutil
+
+    from dbt.cli.main import dbtRunner
+
+    import ingest.dbt_runner as dbt_runner
+    from ingest.lakehouse import PROJECT_ROOT
+    from tests.conftest import make_settings
+
+    project = tmp_path / "dbt_project"
+    shutil.copytree(PROJECT_ROOT / "deploy" / "dbt_project", project)
+    (project / "packages.yml").write_text(f"packages:\n  - local: {PROJECT_ROOT / 'dbt_cdclake'}\n")
+    ours = make_settings(tmp_path / "ours", dbt={"project_dir": str(project)})
+    theirs = make_settings(tmp_path / "theirs")
+    monkeypatch.setattr(dbt_runner, "profiles_dir", lambda: tmp_path / "dbt")
+    read: list[dict[str, object]] = []
+    real_invoke = dbtRunner.invoke
+
+    def invoke(self: dbtRunner, args: list[str], **kwargs: object) -> object:
+        dbt_runner.write_profile(theirs)  # the other run starts now
+        read.append(yaml.safe_load((Path(args[args.index("--profiles-dir") + 1]) / "profiles.yml").read_text()))
+        return real_invoke(self, args, **kwargs)
+
+    monkeypatch.setattr(dbtRunner, "invoke", invoke)
+    assert dbt_runner.run_dbt(ours, ["parse"])
+    assert len(read) == 2  # deps, then parse
+    assert all(profile == dbt_runner.profile(ours) for profile in read)
+    assert dbt_runner.profile(ours) != dbt_runner.profile(theirs)
+    assert yaml.safe_load((tmp_path / "dbt" / "profiles.yml").read_text()) == dbt_runner.profile(theirs)
+    assert [path.name for path in (tmp_path / "dbt").iterdir()] == ["profiles.yml"]  # the run's copy is gone
+
+
 def test_bad_values_fail_at_load_naming_the_key(tmp_path: Path) -> None:
     """A catalog URI that does not parse (a port that is not a number) and a dbt target the profile does not have
     fail when the file loads, naming the key (and never showing the URI, which holds a password)."""

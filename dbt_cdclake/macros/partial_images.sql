@@ -44,14 +44,11 @@
       {{ return(changes) }}
     {%- endif -%}
   {%- endif -%}
-  {%- set folded = model.alias ~ '__cdc_folded' -%}
-  {% do cdclake.drop_folded_images() %}
-  {#- Computed once and kept with its analyzed plan: the document expressions are large, and Spark would analyze
-      them again in every query that reads a temporary view stored as SQL text (seconds each). -#}
-  {%- set stored = run_query('set spark.sql.legacy.storeAnalyzedPlanForView').rows[0][1] -%}
-  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=true') %}
-  {% do run_query('cache table ' ~ folded ~ ' as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder)) %}
-  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
+  {%- set folded = cdclake.scratch_table('folded') -%}
+  {#- Written once to a table of this run: the folding expressions are large, and each statement that read them
+      as a view, or as a cached relation (which keeps the plan it was made from), analyzed, canonicalized and
+      printed them again for Spark's listeners: 30-40 s per statement on a few rows. A table reads as a scan. -#}
+  {% do run_query('create table ' ~ folded ~ ' using iceberg as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder)) %}
   {%- if layout.document -%}
     {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
     {%- if errors | length -%}
@@ -166,12 +163,11 @@
 {%- endmacro %}
 
 
-{#- Drops the folded relation; with `relation` (what fold_partial_images returned), only if that is it. -#}
+{#- Drops the folded table; with `relation` (what fold_partial_images returned), only if that is it. -#}
 {% macro drop_folded_images(relation=none) -%}
-  {%- set folded = model.alias ~ '__cdc_folded' -%}
+  {%- set folded = cdclake.scratch_table('folded') -%}
   {%- if relation is none or relation == folded -%}
-    {% do run_query('uncache table if exists ' ~ folded) %}
-    {% do run_query('drop view if exists ' ~ folded) %}
+    {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
   {%- endif -%}
 {%- endmacro %}
 

@@ -239,17 +239,12 @@ select * from dropped
   replaced in one commit.
 -#}
 {% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false, replace=false) -%}
-  {%- set rows = model.alias ~ '__cdc_history' -%}
+  {%- set rows = cdclake.scratch_table('history') -%}
   {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
-  {% do run_query('uncache table if exists ' ~ rows) %}
-  {% do run_query('drop view if exists ' ~ rows) %}
-  {#- Materialized once: the MERGE changes what a lazy view over silver would return. Kept with its analyzed plan,
-      as the folded images are (partial_images.sql): each statement that reads a view stored as SQL text analyzes
-      it again; measured on a one-change MongoDB unit, a build took a fifth less with the plan kept. -#}
-  {%- set stored = run_query('set spark.sql.legacy.storeAnalyzedPlanForView').rows[0][1] -%}
-  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=true') %}
-  {% do run_query('cache table ' ~ rows ~ ' as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, has_truncate)) %}
-  {% do run_query('set spark.sql.legacy.storeAnalyzedPlanForView=' ~ stored) %}
+  {#- Materialized once: the MERGE changes what a lazy view over silver would return. A table of this run, as the
+      folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which every
+      statement reading it analyzed and printed again (seconds each, tens of seconds over folded images). -#}
+  {% do run_query('create table ' ~ rows ~ ' using iceberg as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, has_truncate)) %}
   {%- if existing is none -%}
     {%- if delete_mode == 'hard' -%}
       {%- if not replace %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
@@ -262,11 +257,10 @@ select * from dropped
 
 
 {% macro scd2_finish(layout, tombstones, existing, delete_mode) -%}
-  {%- set rows = model.alias ~ '__cdc_history' -%}
+  {%- set rows = cdclake.scratch_table('history') -%}
   {%- if existing is not none and delete_mode == 'hard' -%}
     {% do run_query(cdclake.scd2_tombstone_merge_sql(tombstones, layout, rows)) %}
   {%- endif -%}
-  {% do run_query('uncache table if exists ' ~ rows) %}
-  {% do run_query('drop view if exists ' ~ rows) %}
+  {% do run_query('drop table if exists ' ~ rows ~ ' purge') %}
 {%- endmacro %}
 

@@ -108,6 +108,8 @@
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
+    {#- And the tables of runs that failed (a run that fails drops none: see drop_batch_tables). -#}
+    {% do cdclake.drop_batch_tables(target, [cdclake.batch_schema(target)], none) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
   {%- else -%}
@@ -522,6 +524,13 @@
     {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.warehouse`=`' ~ warehouse.rstrip('/') ~ '/_cdclake_scratch`') %}
   {%- endif -%}
   {{ return(catalog ~ '.' ~ target.schema) }}
+{%- endmacro %}
+
+
+{#- A table of this run next to its batch table (`<model>__cdc_batch_<invocation>_<kind>`): intermediate results
+    that later statements of the run read. Dropped by the run; drop_batch_tables drops those a failed run left. -#}
+{% macro scratch_table(kind) -%}
+  {{ return(cdclake.batch_schema(this) ~ '.' ~ this.identifier ~ '__cdc_batch_' ~ (invocation_id | replace('-', '')) ~ '_' ~ kind) }}
 {%- endmacro %}
 
 
