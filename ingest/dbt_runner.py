@@ -161,8 +161,9 @@ def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
     given = dict(_flag_values(command, ("--project-dir", "--profiles-dir")))
     project = Path(given.get("--project-dir") or project_dir(settings))
     # This run reads a profile of its own: another `cdclake dbt` of the same install with another cdclake.yml
-    # (another lakehouse) rewrites the well-known copy at any moment.
-    with tempfile.TemporaryDirectory(prefix="run-", dir=profiles_dir()) as private:
+    # (another lakehouse) rewrites the well-known copy at any moment. In the system's temporary directory: a run
+    # killed there leaves nothing in the install.
+    with tempfile.TemporaryDirectory(prefix="cdclake-dbt-profile-") as private:
         profiles = given.get("--profiles-dir") or str(write_profile(settings, Path(private)).parent)
         common = [
             *(["--project-dir", str(project)] if "--project-dir" not in given else []),
