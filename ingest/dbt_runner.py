@@ -85,9 +85,13 @@ def write_profile(settings: Settings, directory: Path | None = None) -> Path:
     # Written aside and renamed into place: a dbt starting meanwhile reads the old profile or the new one, whole.
     # Owner only: it holds no secret, but the settings of the whole lakehouse.
     fd, temporary = tempfile.mkstemp(prefix=".profiles-", suffix=".yml", dir=directory)
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-    os.replace(temporary, path)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -21,7 +21,7 @@
   {{ return(adapter.dispatch('fold_partial_images', 'cdclake')(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable)) }}
 {%- endmacro %}
 
-{#- The relation to read the unit of work from: `changes` itself, or a cached relation of it with `after` folded.
+{#- The relation to read the unit of work from: `changes` itself, or a table of the run with its images folded.
     `probe_unavailable`: false when bronze's counts say the unit holds no placeholder (see unavailable_free). -#}
 {% macro default__fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
   {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}

@@ -108,10 +108,10 @@
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(changes) %}
-    {#- And the tables of runs that failed (a run that fails drops none: see drop_batch_tables). -#}
-    {% do cdclake.drop_batch_tables(target, [cdclake.batch_schema(target)], none) %}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
+    {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
+    {% do cdclake.drop_batch_tables(target, [cdclake.batch_schema(target)], none) %}
   {%- else -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
@@ -511,7 +511,11 @@
 
 {% macro default__batch_schema(target) -%}
   {%- set catalog = config.get('batch_catalog') -%}
-  {%- if catalog -%}{{ return(catalog ~ '.' ~ target.schema) }}{%- endif -%}
+  {%- if catalog -%}
+    {#- A JDBC or REST catalog has no namespace until it is created (the Hadoop one makes its directory). -#}
+    {% do run_query('create namespace if not exists ' ~ catalog ~ '.' ~ target.schema) %}
+    {{ return(catalog ~ '.' ~ target.schema) }}
+  {%- endif -%}
   {%- set catalog = 'cdclake_scratch' -%}
   {%- if cdclake.spark_setting('spark.sql.catalog.' ~ catalog) is none -%}
     {%- set lake = 'spark.sql.catalog.' ~ run_query('select current_catalog()').rows[0][0] -%}
@@ -550,9 +554,11 @@
   each other's tables and both fail.
 -#}
 {% macro drop_batch_tables(target, schemas, keep) -%}
-  {%- set prefix = target.identifier ~ '__cdc_batch' -%}
+  {#- The names runs give them (older versions: without the invocation, or a shorter one), and nothing else: a
+      model may be named `<this model>__cdc_batch_archive`. Catalogs that fold names to lower case list them so. -#}
+  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_[0-9a-f]+(_folded|_history)?)?', modules.re.IGNORECASE) -%}
   {%- for schema in schemas -%}
-    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1].startswith(prefix) and row[1] != keep -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and batch_name.fullmatch(row[1]) and row[1] != keep -%}
       {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
     {%- endfor -%}
   {%- endfor -%}
