@@ -31,8 +31,7 @@ lint: $(STAMP)
 
 # dbt tests run in processes of their own: dbt's session adapter shares the process's SparkSession, so they get
 # a JVM that no other test has configured. Two of them (pytest-xdist; a test module stays in one, with its
-# module-scoped lakehouse): dbt's and Spark's planning leave a core idle while a statement waits on another part
-# (33.5 min serially, 23 min in two, measured 2026-11-26). DBT_WORKERS=0 runs them in this process.
+# module-scoped lakehouse): 23 minutes here against 33.5 in one (2026-11-26). DBT_WORKERS=0: in this process.
 # The long variants (marker `slow`: more trials of the same faults) run with `make test-slow`.
 # The 15 slowest tests are listed at the end of each run: the suite is meant to stay under 20 minutes.
 DBT_WORKERS ?= 2
