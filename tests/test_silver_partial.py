@@ -427,7 +427,8 @@ def test_a_replayed_update_of_a_spaced_document_is_one_version(harness: SilverHa
 
 def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
     """Also: a run's folded documents and decided versions are tables of the run (a cached relation's plan made
-    every statement reading it take 30-40 s), dropped by it; a successful run drops those a failed run left."""
+    every statement reading it take 30-40 s), dropped by it; a successful run drops those a failed run left, and
+    records where it put them (cdclake.batch_schema), as a current-state run does."""
     topic = harness.mongo_topic("scd2_documents")
     config = "history='scd2'"
     first = [MongoChange(C, 1, 100, after=ANNE), MongoChange("u", 1, 101, updated={"name": "A"})]
@@ -439,6 +440,11 @@ def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path
         return {row["tableName"] for row in rows}
 
     assert scratch_tables() == set()
+    # Where this run's tables were: a later run with another batch_catalog drops what a failed one left there.
+    properties = {
+        row["key"]: row["value"] for row in harness.spark.sql(f"show tblproperties silver.{topic.table}").collect()
+    }
+    assert properties["cdclake.batch_schema"] == "cdclake_scratch.silver"
     failed = f"{prefix}_0123456789abcdef0123456789abcdef_history"
     harness.spark.sql(f"create table cdclake_scratch.silver.{failed} using iceberg as select 1 as id")
     second = [MongoChange("u", 1, 103, removed=["tags"]), MongoChange("u", 1, 102, updated={"visits": 7})]

@@ -44,7 +44,7 @@
       {{ return(changes) }}
     {%- endif -%}
   {%- endif -%}
-  {%- set folded = cdclake.scratch_table('folded') -%}
+  {%- set folded = cdclake.scratch_table(layout, 'folded') -%}
   {#- Written once to a table of this run: the folding expressions are large, and each statement that read them
       as a view, or as a cached relation (which keeps the plan it was made from), analyzed, canonicalized and
       printed them again for Spark's listeners: 30-40 s per statement on a few rows. A table reads as a scan. -#}
@@ -52,7 +52,7 @@
   {%- if layout.document -%}
     {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
     {%- if errors | length -%}
-      {% do cdclake.drop_folded_images() %}
+      {% do cdclake.drop_folded_images(layout) %}
       {{ exceptions.raise_database_error("cdclake: model '" ~ model.name ~ "': " ~ errors[0][0]) }}
     {%- endif -%}
   {%- endif -%}
@@ -164,8 +164,8 @@
 
 
 {#- Drops the folded table; with `relation` (what fold_partial_images returned), only if that is it. -#}
-{% macro drop_folded_images(relation=none) -%}
-  {%- set folded = cdclake.scratch_table('folded') -%}
+{% macro drop_folded_images(layout, relation=none) -%}
+  {%- set folded = cdclake.scratch_table(layout, 'folded') -%}
   {%- if relation is none or relation == folded -%}
     {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
   {%- endif -%}

@@ -239,7 +239,7 @@ select * from dropped
   replaced in one commit.
 -#}
 {% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false, replace=false) -%}
-  {%- set rows = cdclake.scratch_table('history') -%}
+  {%- set rows = cdclake.scratch_table(layout, 'history') -%}
   {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
   {#- Materialized once: the MERGE changes what a lazy view over silver would return. A table of this run, as the
       folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which every
@@ -257,7 +257,7 @@ select * from dropped
 
 
 {% macro scd2_finish(layout, tombstones, existing, delete_mode) -%}
-  {%- set rows = cdclake.scratch_table('history') -%}
+  {%- set rows = cdclake.scratch_table(layout, 'history') -%}
   {%- if existing is not none and delete_mode == 'hard' -%}
     {% do run_query(cdclake.scd2_tombstone_merge_sql(tombstones, layout, rows)) %}
   {%- endif -%}

@@ -99,20 +99,24 @@
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
+    {%- set run = cdclake.run_tables(target, properties) -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
+    {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves) -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start), replacing) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
-    {% do cdclake.drop_folded_images(changes) %}
-    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties) ~ ")") %}
+    {% do cdclake.drop_folded_images(layout, changes) %}
+    {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ recorded ~ cdclake.signature_property(layout, properties) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
-    {% do cdclake.drop_batch_tables(target, [cdclake.batch_schema(target)], none) %}
+    {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
+    {%- set run = cdclake.run_tables(target, properties) -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
@@ -121,6 +125,7 @@
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
+    {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {#- An update that moved its row to another key (keys read from the images) also deletes the old key. -#}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, folded), layout.input_columns, layout.key_moves) -%}
@@ -162,20 +167,8 @@
       {#- The run's own batch table: a run of the model overlapping this one must not replace it between this run's
           DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete).
           Those of earlier runs hold nothing this one needs. -#}
-      {%- set run_id = invocation_id | replace('-', '') -%}
-      {%- set batch_schema = cdclake.batch_schema(target) -%}
-      {%- set batch = batch_schema ~ '.' ~ identifier ~ '__cdc_batch_' ~ run_id -%}
+      {%- set batch = run.batch -%}
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
-      {#- Where the previous run left its batch (before this property: silver's namespace). -#}
-      {%- set previous_batch_schema = properties.get('cdclake.batch_schema', schema) -%}
-      {%- set batch_schemas = [batch_schema] -%}
-      {%- if previous_batch_schema != batch_schema -%}
-        {%- if cdclake.catalog_defined(previous_batch_schema) -%}
-          {% do batch_schemas.append(previous_batch_schema) %}
-        {%- else -%}
-          {{ log("cdclake: the previous run of " ~ identifier ~ " left its batch table in " ~ previous_batch_schema ~ ", whose catalog this session does not define: it stays there", info=true) }}
-        {%- endif -%}
-      {%- endif -%}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {#- Without a null key in the batch, its keys match silver's with `=` (a faster join, the same rows). -#}
@@ -187,7 +180,7 @@
       {%- if inserts_rows -%}
         {#- Staged on a branch of this run, then main is fast-forwarded to it: main moves once, from the old state
             to the new one. A concurrent run's fast-forward fails (main moved), never mixes. -#}
-        {%- set branch = 'cdclake_apply_' ~ run_id -%}
+        {%- set branch = 'cdclake_apply_' ~ run.id -%}
         {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
@@ -213,11 +206,11 @@
         {% do run_query(cdclake.tombstone_insert_sql(layout, batch, tombstones)) %}
       {%- endif -%}
     {%- endif -%}
-    {% do cdclake.drop_folded_images(folded) %}
+    {% do cdclake.drop_folded_images(layout, folded) %}
     {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties)] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
-    {%- if batch_schema is defined and batch_schema != previous_batch_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ batch_schema ~ "'") %}{% endif -%}
+    {%- if existing is not none and run.schema != run.previous_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ run.schema ~ "'") %}{% endif -%}
     {#- A table made before silver_table_properties had it (a property the user set stays). -#}
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% do updates.append("'write.delete.distribution-mode' = 'none'") %}{% endif -%}
     {%- if existing is not none and 'write.metadata.metrics.column._cdc_applied_at' not in properties %}{% do updates.append(cdclake.applied_at_metrics()) %}{% endif -%}
@@ -226,8 +219,8 @@
       {%- set kept = (['cdclake.applied_position'] if new_position is not none else []) + (['cdclake.truncated_before'] if truncate else []) -%}
       {% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, kept) %}
     {%- endif -%}
-    {%- if batch_schemas is defined -%}
-      {% do cdclake.drop_batch_tables(target, batch_schemas, identifier ~ '__cdc_batch_' ~ run_id) %}
+    {%- if existing is not none -%}
+      {% do cdclake.drop_batch_tables(target, run.schemas, run.name) %}
     {%- endif -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
@@ -531,10 +524,32 @@
 {%- endmacro %}
 
 
-{#- A table of this run next to its batch table (`<model>__cdc_batch_<invocation>_<kind>`): intermediate results
-    that later statements of the run read. Dropped by the run; drop_batch_tables drops those a failed run left. -#}
-{% macro scratch_table(kind) -%}
-  {{ return(cdclake.batch_schema(this) ~ '.' ~ this.identifier ~ '__cdc_batch_' ~ (invocation_id | replace('-', '')) ~ '_' ~ kind) }}
+{#- This run's tables, decided once per run (batch_schema may run statements): `batch`, its batch table
+    `<batch schema>.<model>__cdc_batch_<invocation>` (`name` without the schema), after which scratch_table names
+    the others; `schemas`, where drop_batch_tables looks for earlier runs' tables: this run's schema and the one
+    the previous run recorded in `cdclake.batch_schema` (`previous_schema`; before that property, silver's
+    namespace) if it differs and its catalog is defined in this session. -#}
+{% macro run_tables(target, properties) -%}
+  {%- set id = invocation_id | replace('-', '') -%}
+  {%- set batch_schema = cdclake.batch_schema(target) -%}
+  {%- set name = target.identifier ~ '__cdc_batch_' ~ id -%}
+  {%- set previous = properties.get('cdclake.batch_schema', target.schema) -%}
+  {%- set schemas = [batch_schema] -%}
+  {%- if previous != batch_schema -%}
+    {%- if cdclake.catalog_defined(previous) -%}
+      {% do schemas.append(previous) %}
+    {%- else -%}
+      {{ log("cdclake: the previous run of " ~ target.identifier ~ " left its batch table in " ~ previous ~ ", whose catalog this session does not define: it stays there", info=true) }}
+    {%- endif -%}
+  {%- endif -%}
+  {{ return({'id': id, 'schema': batch_schema, 'name': name, 'batch': batch_schema ~ '.' ~ name, 'schemas': schemas, 'previous_schema': previous}) }}
+{%- endmacro %}
+
+{#- A table of this run next to its batch table (`<model>__cdc_batch_<invocation>_<kind>`; layout.run_tables is the
+    batch table's name, see run_tables): intermediate results that later statements of the run read. Dropped by the
+    run; drop_batch_tables drops those a failed run left. -#}
+{% macro scratch_table(layout, kind) -%}
+  {{ return(layout.run_tables ~ '_' ~ kind) }}
 {%- endmacro %}
 
 
