@@ -216,12 +216,16 @@ def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
 ) -> None:
     """Expiring bronze's snapshots by hand (`cdclake maintain` keeps the one silver applied) can remove the snapshot
     silver last applied: the next run says so and re-reads all of bronze, and the ordering guard and tombstones make
-    that harmless (the deleted key's old insert does not come back, nothing is applied twice)."""
+    that harmless (the deleted key's old insert does not come back, nothing is applied twice, a tombstone keeps
+    its time)."""
     topic = harness.topic(f"expired_{history}")
     config = "history='scd2'" if history == "scd2" else ""
     log = harness.project / "logs" / "dbt.log"
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps, config)
     harness.apply(topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4)], dumps, config)
+    tombstones = f"silver.{topic.table}__cdc_tombstones"
+    deleted = harness.rows(tombstones, "id, _cdc_order, _cdc_deleted_at", "id")
+    assert [row["id"] for row in deleted] == [2]
     catalog = load_catalog(harness.settings)
     applied = int(catalog.load_table(f"silver.{topic.table}").properties["cdclake.bronze_snapshot_id"])
     # Two appends after the applied snapshot, of which only the last one's snapshot is kept: a read of the
@@ -245,6 +249,9 @@ def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
         assert harness.history(topic) == topic.expected_history()
     else:
         assert harness.silver(topic) == {1: "a3", 3: "c"} == topic.expected()
+    # The delete read again is the delete applied before: its tombstone keeps the time it was deleted at, from
+    # which tombstone_horizon_days counts (it was set anew, putting off the purge).
+    assert harness.rows(tombstones, "id, _cdc_order, _cdc_deleted_at", "id") == deleted
     # The run recorded bronze's current snapshot: the next one has nothing to do.
     assert harness.build(topic)
     assert harness.silver(topic, "true" if history == "current" else "_cdc_is_current") == {1: "a3", 3: "c"}

@@ -729,7 +729,10 @@
   using (select * from {{ batch }} s where s._cdc_has_tombstone) s
   on {{ cdclake.key_match(layout.key_columns, 'b', 's', null_safe) }}
   when matched and s._cdc_op = 'd' then update set
-    b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset, b._cdc_deleted_at = current_timestamp()
+    b._cdc_order = s._cdc_order, b._cdc_op = s._cdc_op, b._cdc_offset = s._cdc_offset,
+    {#- The tombstone's own delete, read again (a re-read of bronze, a run killed after this merge): deleted then,
+        not now, or tombstone_horizon_days would count from every re-read. -#}
+    b._cdc_deleted_at = case when b._cdc_order <=> s._cdc_order and b._cdc_offset = s._cdc_offset then b._cdc_deleted_at else current_timestamp() end
   when matched then delete
 {%- endmacro %}
 
