@@ -402,7 +402,7 @@ def test_once_leaves_a_live_member_its_share(
     finally:
         run.close()
     counts = bronze_coordinates(run.settings)
-    # Its share as it ended: the group may move a partition to it after its first assignment (seen in CI).
+    # Its share as it ended: the group may move a partition to it after its first assignment (seen under load).
     read = {c[:2] for c in counts}
     assert set(counts) == {c for c in run.expected if c[:2] in read}, "a partition of its share was not read whole"
     assert set(counts.values()) == {1}
