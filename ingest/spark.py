@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ingest.config import Settings
+from ingest.jvm_archive import with_archive
 from ingest.lakehouse import spark_conf
 
 
@@ -21,8 +22,11 @@ def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    conf = spark_conf(settings)
+    # The driver this process starts maps the classes setup archived (ingest.jvm_archive).
+    conf["spark.driver.extraJavaOptions"] = with_archive(conf.get("spark.driver.extraJavaOptions", ""))
     builder = SparkSession.builder.appName(app_name)
-    for key, value in spark_conf(settings).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
