@@ -96,7 +96,10 @@ class SparkSettings(_Section):
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark settings, passed through. The driver logs through spark_conf/log4j2.properties unless "
-        "spark.driver.extraJavaOptions names a -Dlog4j2.configurationFile of its own.",
+        "spark.driver.extraJavaOptions names a -Dlog4j2.configurationFile of its own, and maps the class-data sharing "
+        "archive `make setup` wrote (a faster start) unless those options set class sharing themselves "
+        "(-XX:SharedArchiveFile, -Xshare:off) or start a flight recording or an agent (-XX:StartFlightRecording, "
+        "-javaagent:).",
     )
 
 

@@ -1,10 +1,11 @@
 """The driver JVM's class-data sharing archive (AppCDS).
 
 Every Spark driver cdclake starts (`cdclake sql`, `cdclake dbt`, `cdclake demo`, the tests' sessions) loads and
-verifies the same ~20,000 classes of Spark, Scala and Iceberg, much of it again on its first statements. A dynamic
-CDS archive, written once at setup by a JVM that ran the statements silver runs, lets the next JVMs map those
-classes ready-parsed instead: measured here (`docs/architecture.md`), a driver's start and first Iceberg statements
-take 6.7 s instead of 9.4, and 8.3 CPU-seconds instead of 11.
+verifies the same classes of Spark, Scala and Iceberg (18,000 for a session and four Iceberg statements), most of
+them on its first statements. A dynamic CDS archive, written once at setup by a JVM that ran statements like those
+silver runs, lets the next JVMs map them ready-parsed instead (12,000 of those 18,000): measured here
+(docs/architecture.md), a driver's start and first Iceberg statements take 6.7 s instead of 9.4, and 8.3
+CPU-seconds instead of 11.
 
 `make setup` writes it (``python -m ingest.jvm_archive``) into the runtime folder and writes it again when the JDK,
 pyspark or the jars change; cdclake's Spark settings point the driver at it when it is there. A JVM that cannot use
@@ -32,8 +33,21 @@ log = logging.getLogger(__name__)
 # An archive of its own per JDK, pyspark and jar list: the key is in the name, so a stale one is never used.
 ARCHIVE_GLOB = "driver-*.jsa"
 
-# Options by which the user decides class sharing themselves.
-USER_CDS_OPTIONS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare:off", "DynamicDumpSharedSpaces")
+# Options under which drivers start without the archive: the user decides class sharing themselves, or runs an
+# agent. JDK 17.0.15 crashed here (SIGSEGV in KlassFactory::check_shared_class_file_load_hook) loading a class
+# from a dynamic archive with a flight recording started by -XX:StartFlightRecording (one started later by `jcmd
+# JFR.start` did not); Java agents hook class loading the same way.
+WITHOUT_ARCHIVE_OPTIONS = (
+    "SharedArchiveFile",
+    "ArchiveClassesAtExit",
+    "-Xshare:off",
+    "DynamicDumpSharedSpaces",
+    "StartFlightRecording",
+    "FlightRecorder",
+    "-javaagent:",
+    "-agentlib:",
+    "-agentpath:",
+)
 
 # Statements like those a silver run sends (the classes they load are what the archive holds).
 TRAINING_SQL = (
@@ -94,9 +108,9 @@ def current_archive() -> Path | None:
 
 
 def with_archive(java_options: str) -> str:
-    """The driver's Java options, using the archive when there is one and the options leave class sharing to us."""
+    """The driver's Java options, using the archive when there is one and the options allow it."""
     archive = current_archive()
-    if archive is None or any(option in java_options for option in USER_CDS_OPTIONS):
+    if archive is None or any(option in java_options for option in WITHOUT_ARCHIVE_OPTIONS):
         return java_options
     return f"{java_options} -XX:SharedArchiveFile={archive} -Xlog:cds=off,cds+dynamic=off".strip()
 

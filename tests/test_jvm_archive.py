@@ -46,9 +46,17 @@ def test_the_driver_maps_the_newest_archive_quietly(runtime: Path) -> None:
 
 @pytest.mark.parametrize(
     "options",
-    ["-XX:SharedArchiveFile=/mine.jsa", "-XX:ArchiveClassesAtExit=/dump.jsa", "-Xshare:off -Duser.timezone=UTC"],
+    [
+        "-XX:SharedArchiveFile=/mine.jsa",
+        "-XX:ArchiveClassesAtExit=/dump.jsa",
+        "-Xshare:off -Duser.timezone=UTC",
+        # The JVM crashed loading archived classes with a recording started at launch (jvm_archive.py says more).
+        "-XX:StartFlightRecording=filename=/tmp/driver.jfr",
+        "-javaagent:/opt/agent.jar",
+        "-agentpath:/opt/libprofiler.so=start",
+    ],
 )
-def test_class_sharing_the_user_set_is_left_alone(runtime: Path, options: str) -> None:
+def test_class_sharing_the_user_set_or_an_agent_is_left_alone(runtime: Path, options: str) -> None:
     archive(runtime, "any")
     assert jvm_archive.with_archive(options) == options
 
