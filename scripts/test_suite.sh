@@ -4,7 +4,8 @@
 # The dbt tests keep the two cores busy (94% of them, measured: Spark's planning and dbt's Jinja) and run in
 # DBT_WORKERS processes of their own, since dbt's session adapter shares its process's SparkSession. The other
 # tests (broker, ingest, CLI) mostly wait, on group sessions, timeouts and child processes (33% of two cores when
-# they ran alone, 6.8 minutes): they run beside them in one process, which logs to a file printed at the end.
+# they ran alone, 6.8 minutes): they run beside them in one process, which logs to a file printed (and removed)
+# at the end.
 #
 # Usage: scripts/test_suite.sh [PYTEST_ARGS...]   Env: PY (the venv's python), DBT_WORKERS (default 2).
 set -uo pipefail
@@ -14,10 +15,12 @@ DBT_WORKERS="${DBT_WORKERS:-2}"
 log="$(mktemp -t cdclake-tests-XXXXXX.log)"
 
 echo "tests without dbt: running beside the dbt tests, logged to $log (printed when both are done)"
-"$PY" -m pytest -m "not dbt and not slow" --durations=15 "$@" >"$log" 2>&1 &
+# A script's background job ignores SIGINT unless told otherwise: Ctrl-C must reach both parts, so that each pytest
+# stops and tears its fixtures down (brokers, JVMs). Stopped with SIGTERM, this script interrupts it likewise.
+( trap - INT; exec "$PY" -m pytest -m "not dbt and not slow" --durations=15 "$@" >"$log" 2>&1 ) &
 others=$!
-# Interrupted: stop the other part too, as Ctrl-C would (pytest then tears its fixtures down).
-trap 'kill -INT "$others" 2>/dev/null; wait "$others"; exit 130' INT TERM
+trap 'wait "$others"; exit 130' INT
+trap 'kill -INT "$others" 2>/dev/null; wait "$others"; exit 143' TERM
 
 "$PY" -m pytest -m "dbt and not slow" -n "$DBT_WORKERS" --dist loadfile --durations=15 "$@"
 dbt_status=$?
@@ -28,6 +31,7 @@ trap - INT TERM
 echo
 echo "==================== tests without dbt ($log) ===================="
 cat "$log"
+rm -f "$log"
 echo "tests without dbt: exit $others_status; dbt tests: exit $dbt_status"
 # pytest exits 5 when nothing was selected (a PYTEST_ARGS that names one part's tests): not a failure of the other.
 for status in "$others_status" "$dbt_status"; do
