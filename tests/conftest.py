@@ -28,8 +28,12 @@ if os.environ.get("CI"):
 
 # The tests' JVMs run statements over a few rows each, thousands of them: HotSpot's optimizing compiler (C2)
 # took half their CPU time (measured per JVM thread) for code that runs a few times. With the quick compiler alone
-# two SCD2 tests took 65 s of JVM CPU instead of 103. A JIT setting, not a Spark one: Spark's stay the defaults.
-TEST_SPARK_CONF: dict[str, str] = {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1"}
+# two SCD2 tests took 65 s of JVM CPU instead of 103. C1 alone reserves only 48 MB for compiled code, which Spark's
+# generated classes fill: the code cache sweeper then flushed methods that C1 compiled again (34 of 145 JVM
+# CPU-seconds in those two threads for test_silver_schema_changes.py, 140 s; with 240 MB, tiered compilation's
+# default, 94 CPU-seconds and 113 s). JIT settings, not Spark ones: Spark's stay the defaults.
+TEST_JAVA_OPTIONS = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+TEST_SPARK_CONF: dict[str, str] = {"spark.driver.extraJavaOptions": TEST_JAVA_OPTIONS}
 
 
 def make_settings(root: Path, **sections: Any) -> Settings:

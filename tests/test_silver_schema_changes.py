@@ -3,6 +3,7 @@ added to bronze's images (and widens types); silver follows per the model's `on_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +19,21 @@ pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 C, U, D = "c", "u", "d"
 
 
+EMAIL = {"type": "string", "optional": True, "field": "email"}
+
+
 def land_evolved(
     harness: SilverHarness,
     topic: Topic,
     changes: list[Change],
     dumps: Path,
-    added: dict[int, Any] | None = None,
+    column: dict[str, Any] | None = None,
+    value: Callable[[dict[str, Any]], Any] = lambda after: None,
     id_type: str = "int32",
 ) -> None:
-    """Land ``changes`` as Debezium emits them after `ALTER TABLE ... ADD COLUMN email` (``added``: the new
-    column's value per key; an optional field of the row schema, in `before` and `after`) and/or after the key
-    column's type became ``id_type``."""
+    """Land ``changes`` as Debezium emits them after `ALTER TABLE ... ADD COLUMN` and/or after the key column's type
+    became ``id_type``: ``column`` is the added column's Connect schema (an optional field of the row schema, in
+    `before` and `after`), ``value`` gives its value in an `after` image (`before` images hold NULL)."""
     lines = topic.records(changes)
     for line in lines:
         for part in ("key", "payload"):
@@ -39,14 +44,21 @@ def land_evolved(
             rows = [schema] if part == "key" else [f for f in schema["fields"] if f["field"] in ("before", "after")]
             for row in rows:
                 row["fields"] = [{**f, "type": id_type} if f["field"] == "id" else f for f in row["fields"]]
-                if part == "payload" and added is not None:
-                    row["fields"] = [*row["fields"], {"type": "string", "optional": True, "field": "email"}]
-            if part == "payload" and added is not None:
+                if part == "payload" and column is not None:
+                    row["fields"] = [*row["fields"], column]
+            if part == "payload" and column is not None:
                 for image in ("before", "after"):
                     if payload[image] is not None:
-                        payload[image]["email"] = added.get(payload[image]["id"]) if image == "after" else None
+                        payload[image][column["field"]] = value(payload[image]) if image == "after" else None
             line[part] = orjson.dumps(record).decode()
     harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
+
+
+def land_with_email(
+    harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path, values: dict[int, str]
+) -> None:
+    """``changes`` after the source added a string column `email`, its value per key in ``values``."""
+    land_evolved(harness, topic, changes, dumps, EMAIL, lambda after: values.get(after["id"]))
 
 
 def emails(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, str | None]]:
@@ -70,7 +82,7 @@ def test_a_column_added_at_the_source_is_added_to_silver(harness: SilverHarness,
     config = CONFIGS[mode]
     harness.write_tests(topic)  # silver equals a recomputation: the rows from before the column hold NULL in it
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], tmp_path, config)
-    land_evolved(
+    land_with_email(
         harness, topic, [Change(U, 1, 4, "a2"), Change(C, 4, 5, "d"), Change(D, 3, 6)], tmp_path, {1: "x1", 4: "x4"}
     )
     assert harness.build(topic)
@@ -79,49 +91,40 @@ def test_a_column_added_at_the_source_is_added_to_silver(harness: SilverHarness,
     second = [Change(U, 2, 7, "b2"), Change(D, 4, 8)]
     if mode == "partial":  # an update that carries only its key: the other columns keep silver's values
         second.append(Change(U, 1, 9, None, n=None))
-    land_evolved(harness, topic, second, tmp_path, {2: "x2"})
+    land_with_email(harness, topic, second, tmp_path, {2: "x2"})
     assert harness.build(topic)
     assert emails(harness, topic, live) == {1: ("a2", "x1"), 2: ("b2", "x2")}
     assert harness.build(topic, "--full-refresh")
     assert emails(harness, topic, live) == {1: ("a2", "x1"), 2: ("b2", "x2")}
 
 
-def land_with_struct(harness: SilverHarness, topic: Topic, changes: list[Change], dumps: Path) -> None:
-    """Land ``changes`` as Debezium emits them after the source added a struct column `address` whose field names
-    need quoting in DDL (MongoDB keys and SQL Server columns may hold spaces and dashes), a struct and an array
-    among them: its value per key is ``{"street name": "<v> st", "zip-code": "<id>", "geo point": {"lat": 1.5,
-    "lon": <id>}, "door codes": ["1#"]}``."""
-    address = {
-        "type": "struct",
-        "optional": True,
-        "field": "address",
-        "fields": [
-            {"type": "string", "optional": True, "field": "street name"},
-            {"type": "string", "optional": True, "field": "zip-code"},
-            {
-                "type": "struct",
-                "optional": True,
-                "field": "geo point",
-                "fields": [{"type": "double", "field": "lat"}, {"type": "double", "field": "lon"}],
-            },
-            {"type": "array", "items": {"type": "string"}, "optional": True, "field": "door codes"},
-        ],
+# A struct column whose field names need quoting in DDL (MongoDB keys and SQL Server columns may hold spaces and
+# dashes), a struct and an array among them.
+ADDRESS = {
+    "type": "struct",
+    "optional": True,
+    "field": "address",
+    "fields": [
+        {"type": "string", "optional": True, "field": "street name"},
+        {"type": "string", "optional": True, "field": "zip-code"},
+        {
+            "type": "struct",
+            "optional": True,
+            "field": "geo point",
+            "fields": [{"type": "double", "field": "lat"}, {"type": "double", "field": "lon"}],
+        },
+        {"type": "array", "items": {"type": "string"}, "optional": True, "field": "door codes"},
+    ],
+}
+
+
+def address(after: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "street name": f"{after['v']} st",
+        "zip-code": str(after["id"]),
+        "geo point": {"lat": 1.5, "lon": float(after["id"])},
+        "door codes": ["1#"],
     }
-    lines = topic.records(changes)
-    for line in lines:
-        if line["payload"] is None:
-            continue
-        record = orjson.loads(line["payload"])
-        for image in (f for f in record["schema"]["fields"] if f["field"] in ("before", "after")):
-            image["fields"] = [*image["fields"], address]
-        after = record["payload"]["after"]
-        if after is not None:
-            after["address"] = {"street name": f"{after['v']} st", "zip-code": str(after["id"])}
-            after["address"].update({"geo point": {"lat": 1.5, "lon": float(after["id"])}, "door codes": ["1#"]})
-        if record["payload"]["before"] is not None:
-            record["payload"]["before"]["address"] = None
-        line["payload"] = orjson.dumps(record).decode()
-    harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
 
 
 def test_a_struct_column_whose_field_names_need_quoting_is_added(harness: SilverHarness, tmp_path: Path) -> None:
@@ -130,7 +133,7 @@ def test_a_struct_column_whose_field_names_need_quoting_is_added(harness: Silver
     topic = harness.topic("added_struct")
     harness.write_tests(topic)
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path)
-    land_with_struct(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], tmp_path)
+    land_evolved(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], tmp_path, ADDRESS, address)
     assert harness.build(topic)
     rows = harness.rows(f"silver.{topic.table}", "id, v, to_json(address) as address", "id")
     assert [(r["id"], r["v"], r["address"] and orjson.loads(r["address"])) for r in rows] == [
@@ -154,7 +157,7 @@ def test_a_column_added_at_the_source_is_added_to_a_history(harness: SilverHarne
     topic = harness.topic("added_scd2")
     config = "history='scd2'"
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
-    land_evolved(
+    land_with_email(
         harness, topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4), Change(C, 3, 5, "c")], tmp_path, {1: "x1", 3: "x3"}
     )
     assert harness.build(topic)
@@ -174,7 +177,7 @@ def test_on_schema_change_fail_and_ignore(harness: SilverHarness, tmp_path: Path
     topic = harness.topic("fail_ignore")
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "on_schema_change='fail'")
     before = harness.silver_snapshot(topic)
-    land_evolved(harness, topic, [Change(U, 1, 3, "a2")], tmp_path, {1: "x1"})
+    land_with_email(harness, topic, [Change(U, 1, 3, "a2")], tmp_path, {1: "x1"})
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size
     assert not harness.build(topic)
@@ -190,7 +193,7 @@ def test_on_schema_change_fail_and_ignore(harness: SilverHarness, tmp_path: Path
     assert "email" not in harness.rows(f"silver.{topic.table}", order="id")[0]
 
     harness.write_model(topic)
-    land_evolved(harness, topic, [Change(U, 2, 4, "b2")], tmp_path, {2: "x2"})
+    land_with_email(harness, topic, [Change(U, 2, 4, "b2")], tmp_path, {2: "x2"})
     assert harness.build(topic)
     assert emails(harness, topic) == {1: ("a2", None), 2: ("b2", "x2")}
 
