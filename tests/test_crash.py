@@ -34,7 +34,7 @@ from tests.kafka_fixtures import (
     retopic,
     unique,
 )
-from tests.processes import ingester, run_cdclake
+from tests.processes import CHILD_SPARK, ingester, run_cdclake
 from tests.test_scaleout import dbt_project_copy, mismatches, silver_rows
 
 pytestmark = pytest.mark.kafka
@@ -60,7 +60,7 @@ def crash_loop(broker: TansuBroker, root: Path, trials: int, n_records: int, see
     config = root / "cdclake.yml"
     raw = yaml.safe_load(config.read_text())
     raw["dbt"] = {"project_dir": str(dbt_project_copy(root))}
-    raw["spark"] = {"master": "local[2]", "driver_memory": "1g"}
+    raw["spark"] = dict(CHILD_SPARK)
     config.write_text(yaml.safe_dump(raw))
     rng = random.Random(seed)
     started = time.monotonic()

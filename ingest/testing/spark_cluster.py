@@ -139,7 +139,11 @@ class _Daemon:
 
 
 class SparkCluster:
-    """A standalone master and ``workers`` workers on 127.0.0.1 (context manager: started on enter)."""
+    """A standalone master and ``workers`` workers on 127.0.0.1 (context manager: started on enter).
+
+    ``daemon_java_options`` go to the master's and workers' JVMs (``SPARK_DAEMON_JAVA_OPTS``); executors take
+    theirs from the application (``spark.executor.extraJavaOptions``).
+    """
 
     def __init__(
         self,
@@ -148,6 +152,7 @@ class SparkCluster:
         memory: str = "1g",
         *,
         daemon_memory: str = "256m",
+        daemon_java_options: str = "",
         base_dir: Path | None = None,
         startup_timeout_s: float = 120.0,
     ) -> None:
@@ -157,6 +162,7 @@ class SparkCluster:
         self.cores = cores
         self.memory = memory
         self.daemon_memory = daemon_memory
+        self.daemon_java_options = daemon_java_options
         self.startup_timeout_s = startup_timeout_s
         self._parent = base_dir
         self.base: Path | None = None
@@ -192,7 +198,8 @@ class SparkCluster:
 
     def _start(self) -> None:
         assert self.base is not None
-        env = _loopback_environment(self.base, {"SPARK_DAEMON_MEMORY": self.daemon_memory})
+        daemon_env = {"SPARK_DAEMON_MEMORY": self.daemon_memory, "SPARK_DAEMON_JAVA_OPTS": self.daemon_java_options}
+        env = _loopback_environment(self.base, daemon_env)
         spark_class = str(spark_home() / "bin" / "spark-class")
         self.port, self.web_ui_port = free_port(), free_port()
         master = _Daemon(
