@@ -34,8 +34,8 @@ lint: $(STAMP)
 # in one, with its module-scoped lakehouse). DBT_WORKERS=0: the dbt tests in one process.
 # The long variants (marker `slow`: more trials of the same faults) run with `make test-slow`.
 # The 15 slowest tests of each part are listed at the end: the suite is meant to stay under 20 minutes.
-# The runtime (on a fresh machine: jars, broker, the class-data sharing archive's JVM, ~1 min) and lint (mypy, ~35 s)
-# run at the same time, each on a core of its own; each one's output is printed when it ends.
+# The runtime (on a fresh machine: jars, broker, and the JVM that writes the class-data sharing archive, 36 s) and
+# lint (mypy, 34 s) run at the same time, each on a core of its own; each one's output is printed when it ends.
 DBT_WORKERS ?= 2
 test: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target runtime lint
