@@ -271,8 +271,8 @@ ANNE = {
     "visits": {"$numberLong": "5"},
     "orders": [{"sku": "x", "qty": 1}],
 }
-# Keys Spark's JSON paths name only one way: with a question mark, a bracket, trailing whitespace.
-BOB = {"_id": 2, "name": "Bob", "score": 1, "done?": True, "a]b": [1], "trail ": "t"}
+# Keys Spark's JSON paths name only one way: with a question mark, a single quote, a bracket, trailing whitespace.
+BOB = {"_id": 2, "name": "Bob", "score": 1, "done?": True, "it's": 0, "a]b": [1], "trail ": "t"}
 
 
 @pytest.mark.parametrize("schemas", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["typed", "schemaless"])

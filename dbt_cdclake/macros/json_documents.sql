@@ -17,12 +17,15 @@
   an error naming the event instead of a document (json_error), with which the fold fails the run: a document is
   never silently wrong.
 
-  The expressions are large: use them in a query that is analyzed once (the fold caches its result).
+  The expressions are large: use them in a query that is analyzed once (the fold caches its result). Spark's
+  analyzer resolves an expression in passes over the whole query, about one per level of nesting, and a lambda's
+  body only after its function's arguments (so a `let` through transform(array(x), v -> ...) costs x's passes
+  and then the body's): they are kept shallow, which takes a fold statement from 89 passes to 64.
 -#}
 
 {#- The JSON text of string `k` as an object key (quoted, escaped). -#}
 {% macro json_quoted(k) -%}
-  substring(to_json(array({{ k }})), 2, length(to_json(array({{ k }}))) - 2)
+  btrim(to_json(array({{ k }})), '[]')
 {%- endmacro %}
 
 
@@ -32,22 +35,27 @@
     fails (json_member), never a silently wrong member. -#}
 {% macro json_key_path(k) -%}
   case when {{ k }} rlike '^\\s' then null
-    when {{ k }} not in ('', '*') and instr({{ k }}, chr(39)) = 0 and instr({{ k }}, '?') = 0 then concat('$[*][', chr(39), {{ k }}, chr(39), ']')
+    when {{ k }} not in ('', '*') and not {{ k }} rlike '[\\x27?]' then concat('$[*][', chr(39), {{ k }}, chr(39), ']')
     when {{ k }} rlike '^[^.\\[*][^.\\[]*$' then concat('$[*].', {{ k }}) end
 {%- endmacro %}
 
 
-{#- The raw JSON of key `k` of object `c`, which has it ('null' for a JSON null). -#}
-{% macro json_member(c, k, event) -%}
-  element_at(transform(array({{ cdclake.json_key_path(k) }}), _cdc_path -> case
-    when _cdc_path is null then {{ cdclake.json_error(event, "concat('the key ', " ~ k ~ ", ' cannot be addressed in Spark SQL')") }}
-    else coalesce(get_json_object(concat('[', {{ c }}, ']'), _cdc_path), 'null') end), 1)
+{#- The raw JSON of key `k` of object `c`, which has it ('null' for a JSON null); `present=false`: null when `c`
+    has no key `k`. (The path is written out twice rather than bound once: see the header.) -#}
+{% macro json_member(c, k, event, present=true) -%}
+  {%- set path = cdclake.json_key_path(k) -%}
+  case
+    {%- if not present %}
+    when not array_contains(json_object_keys({{ c }}), {{ k }}) then cast(null as string)
+    {%- endif %}
+    when ({{ path }}) is null then {{ cdclake.json_error(event, "concat('the key ', " ~ k ~ ", ' cannot be addressed in Spark SQL')") }}
+    else coalesce(get_json_object(concat('[', {{ c }}, ']'), {{ path }}), 'null') end
 {%- endmacro %}
 
 
 {#- The raw JSON of key `k` of object `c`; null when absent. -#}
 {% macro json_field(c, k, event) -%}
-  case when array_contains(json_object_keys({{ c }}), {{ k }}) then {{ cdclake.json_member(c, k, event) }} end
+  {{ cdclake.json_member(c, k, event, present=false) }}
 {%- endmacro %}
 
 
@@ -119,8 +127,10 @@
 
 {#-
   Document `doc` (raw JSON text) after edit `edit` (see the header). The containers along the path are collected
-  top-down (aggregate), the leaf is edited, and the containers are rebuilt bottom-up (aggregate again): the SQL has
-  the same size for any path depth.
+  top-down (aggregate), and rebuilt bottom-up (aggregate again) starting with the leaf's parent, whose member the
+  edit changes: the SQL has the same size for any path depth. (The leaf is edited inside the rebuilding aggregate,
+  not as its start value: a lambda is resolved after its start value, which would add the edit's passes to the
+  rebuild's, see the header.)
 -#}
 {% macro json_apply_edit(doc, edit) -%}
   {{ return(adapter.dispatch('json_apply_edit', 'cdclake')(doc, edit)) }}
@@ -130,10 +140,10 @@
   {%- set event = edit ~ '.event' -%}
   {%- set cannot = cdclake.json_error(event, "concat('cannot ', " ~ edit ~ ".op, ' ', array_join(" ~ edit ~ ".path, '.'), ' in this document')") -%}
   {%- set parents = 'case when size(' ~ edit ~ '.path) > 1 then sequence(0, size(' ~ edit ~ '.path) - 2) else array() end' -%}
-  {%- set leaf = 'element_at(' ~ edit ~ '.path, -1)' -%}
   case
     when instr({{ doc }}, chr(0)) > 0 then {{ doc }}
     when {{ edit }}.op = 'fail' then {{ cdclake.json_error(event, edit ~ '.value') }}
+    when size({{ edit }}.path) = 0 then {{ cannot }}
     when {{ doc }} is null or left({{ doc }}, 1) <> '{' then {{ cdclake.json_error(event, "'the document before it is not a JSON object'") }}
     {#- Debezium writes a non-finite double of a full document as a bare NaN or Infinity, which is not JSON: Spark
         reads no key of it, and every edit would give null (a document silently lost). #}
@@ -153,9 +163,10 @@
             and startswith(concat(array_join(slice({{ edit }}.path, _cdc_i + 1, size({{ edit }}.path)), '.'), '.'), concat(_cdc_y, '.'))))
         then {{ cdclake.json_error(event, "concat('path ', array_join(" ~ edit ~ ".path, '.'), ' is ambiguous: the document has a field named with dots')") }}
       when {{ edit }}.op <> 'set' and exists(_cdc_cs, _cdc_c -> _cdc_c is null) then {{ doc }}
-      else aggregate(reverse({{ parents }}),
-        {{ cdclake.json_edit_leaf('element_at(_cdc_cs, -1)', leaf, edit, cannot) }},
-        (_cdc_v, _cdc_i) -> {{ cdclake.json_set_child('_cdc_cs[_cdc_i]', edit ~ '.path[_cdc_i]', '_cdc_v', event, cannot) }})
+      else aggregate(reverse(sequence(0, size({{ edit }}.path) - 1)), cast(null as string),
+        (_cdc_v, _cdc_i) -> case when _cdc_i = size({{ edit }}.path) - 1
+          then {{ cdclake.json_edit_leaf('_cdc_cs[_cdc_i]', edit ~ '.path[_cdc_i]', edit, cannot) }}
+          else {{ cdclake.json_set_child('_cdc_cs[_cdc_i]', edit ~ '.path[_cdc_i]', '_cdc_v', event, cannot) }} end)
     end), 1)
   end
 {%- endmacro %}
