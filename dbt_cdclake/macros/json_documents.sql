@@ -143,7 +143,7 @@
   case
     when instr({{ doc }}, chr(0)) > 0 then {{ doc }}
     when {{ edit }}.op = 'fail' then {{ cdclake.json_error(event, edit ~ '.value') }}
-    when size({{ edit }}.path) = 0 then {{ cannot }}
+    when {{ edit }}.op <> 'project' and size({{ edit }}.path) = 0 then {{ cannot }}
     when {{ doc }} is null or left({{ doc }}, 1) <> '{' then {{ cdclake.json_error(event, "'the document before it is not a JSON object'") }}
     {#- Debezium writes a non-finite double of a full document as a bare NaN or Infinity, which is not JSON: Spark
         reads no key of it, and every edit would give null (a document silently lost). #}
