@@ -425,6 +425,28 @@ def test_a_replayed_update_of_a_spaced_document_is_one_version(harness: SilverHa
     assert orjson.loads(rows[1]["_cdc_document"]) == {**BOB, "x": 1}
 
 
+def test_a_document_updated_many_times_in_one_unit_keeps_every_version(harness: SilverHarness, tmp_path: Path) -> None:
+    """A history folds each segment of a key's updates once, keeping each update's document on the way: folding
+    every version's own prefix applied n(n+1)/2 edits (1,000 updates of one document in a unit took more than ten
+    minutes). Two segments: a full update in the middle starts the second."""
+    topic = harness.mongo_topic("hot_document")
+    config = "history='scd2'"
+    harness.apply(topic, [MongoChange(C, 1, 100, after={"_id": 1, "count": 0})], tmp_path, config)
+    changes = [MongoChange(C, 1, 100, after={"_id": 1, "count": 0})]
+    for sec in range(101, 401):
+        if sec == 250:
+            changes.append(MongoChange("u", 1, sec, after={"_id": 1, "count": -1, "full": True}))
+        else:
+            changes.append(MongoChange("u", 1, sec, updated={"count": sec}))
+    harness.land(topic, changes[1:], tmp_path)
+    assert harness.build(topic)
+    rows = harness.rows(f"silver.{topic.table}", "_cdc_document, _cdc_is_current", "_cdc_valid_from")
+    assert [orjson.loads(row["_cdc_document"]) for row in rows] == [
+        expected_documents(changes[: i + 1])["1"] for i in range(len(changes))
+    ]
+    assert [row["_cdc_is_current"] for row in rows] == [False] * (len(changes) - 1) + [True]
+
+
 def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path: Path) -> None:
     """Also: a run's folded documents and decided versions are tables of the run (a cached relation's plan made
     every statement reading it take 30-40 s), dropped by it; a successful run drops those a failed run left, and

@@ -181,7 +181,7 @@
   {#- Current state needs the fold of each key's last change only; history needs every version's, and so do soft
       deletes (a winning delete keeps the values of the key's last change before it, net_effect_sql). -#}
   {%- set every = scd2 or delete_mode == 'soft' -%}
-  {%- set frame = 'current row' if every or not layout.document else 'unbounded following' -%}
+  {%- set frame = 'current row' if not layout.document else 'unbounded following' -%}
   {#- MongoDB's *_with_pre_image capture modes: an update's `before` is the whole document before it (documents
       folding placeholders keep theirs: an image's `before` is not its previous value there). -#}
   {%- set pre_image = layout.document and placeholder is none and 'before' in columns -%}
@@ -251,6 +251,35 @@ segmented as (
     max(case when _cdc_pos.p = 0 then _cdc_pos end) over (partition by {{ partition | join(', ') }}) as _cdc_floor
   from events
 ),
+{%- if layout.document and every %}
+{#- Every version's document: folded once per segment, each update's document kept on the way (folding each row's
+    own prefix of the segment would apply n(n+1)/2 edits to a document updated n times in one unit). -#}
+segment_folds as (
+  select {{ partition | join(', ') }}, _cdc_segment, _cdc_base,{% if pre_image %} _cdc_pre_image,{% endif %}
+    aggregate(_cdc_patches, named_struct('d', {{ cdclake.fold_start_sql(pre_image, placeholder is not none) }}, 'ds', cast(array() as array<string>)),
+      (_cdc_acc, _cdc_p) -> element_at(transform(array(aggregate(_cdc_p._cdc_edits, _cdc_acc.d,
+        (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})),
+        _cdc_d -> named_struct('d', _cdc_d, 'ds', concat(_cdc_acc.ds, array(_cdc_d)))), 1)).ds as _cdc_folds
+  from (
+    select {{ partition | join(', ') }}, _cdc_segment, min_by(_cdc_doc, _cdc_pos) as _cdc_base,
+      {%- if pre_image %} min_by(_cdc_row.before, _cdc_pos) as _cdc_pre_image,{% endif %}
+      sort_array(collect_list(case when not _cdc_full then struct(_cdc_pos, _cdc_edits) end)) as _cdc_patches
+    from segmented
+    group by {{ partition | join(', ') }}, _cdc_segment
+  )
+),
+folded as (
+  select s._cdc_row, s._cdc_full, s._cdc_pos, s._cdc_last, s._cdc_floor, s._cdc_doc, f._cdc_base,
+    {%- if pre_image %} f._cdc_pre_image,{% endif %}
+    case when not s._cdc_full then f._cdc_folds[s._cdc_patch - 1] end as _cdc_folded
+  from (
+    select *, count(case when not _cdc_full then 1 end) over (partition by {{ partition | join(', ') }}, _cdc_segment
+      order by _cdc_pos rows between unbounded preceding and current row) as _cdc_patch
+    from segmented
+  ) s
+  join segment_folds f on {% for name in partition %}s.{{ name }} <=> f.{{ name }} and {% endfor %}s._cdc_segment = f._cdc_segment
+)
+{%- else %}
 folded as (
   select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor,
     {%- if layout.document %}
@@ -270,6 +299,7 @@ folded as (
   from segmented
   window segment as (partition by {{ partition | join(', ') }}, _cdc_segment order by _cdc_pos rows between unbounded preceding and {{ frame }})
 )
+{%- endif %}
 select
   {%- for column in columns %}
   {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
@@ -311,8 +341,12 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
   {%- if layout.document -%}
   {%- set base = 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' -%}
   {%- set fold -%}
-    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ "coalesce(trim(" ~ base ~ "), '{}')" if placeholders else 'trim(' ~ base ~ ')' }},
+    {%- if every -%}
+    _cdc_folded
+    {%- else -%}
+    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ cdclake.fold_start_sql(pre_image, placeholders) }},
       (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})
+    {%- endif -%}
   {%- endset -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
     when _cdc_full then _cdc_doc
@@ -333,6 +367,14 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     {%- for field in fields %}'{{ field | replace("\\", "\\\\") | replace("'", "\\'") }}', _cdc_v{{ loop.index0 }}.v{% if not loop.last %}, {% endif %}{% endfor -%}
   ) else _cdc_row.after end
   {%- endif -%}
+{%- endmacro %}
+
+
+{#- The document a segment's updates fold onto: its first row's (a full image or prior state), else, with
+    `pre_image`, its first update's pre-image; `placeholders`: an empty object when neither (see folded_image_sql). -#}
+{% macro fold_start_sql(pre_image, placeholders) -%}
+  {%- set base = 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' -%}
+  {{ "coalesce(trim(" ~ base ~ "), '{}')" if placeholders else 'trim(' ~ base ~ ')' }}
 {%- endmacro %}
 
 
