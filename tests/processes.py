@@ -58,9 +58,15 @@ def isolated_runtime(root: Path) -> Path:
 
 
 def subprocess_env(root: Path) -> dict[str, str]:
+    # Temporary files under the test's root: a child the test SIGKILLs leaves its dbt profile and Spark's block
+    # manager directory behind, which pytest's basetemp rotation removes and the system's /tmp would keep.
+    scratch = root / "tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
     return {
         **os.environ,
         RUNTIME_DIR_ENV: str(isolated_runtime(root)),
+        "TMPDIR": str(scratch),
+        "SPARK_LOCAL_DIRS": str(scratch),
         "TZ": "UTC",
         "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
     }

@@ -431,15 +431,17 @@ def test_a_document_updated_many_times_in_one_unit_keeps_every_version(harness: 
     minutes). Two segments: a full update in the middle starts the second."""
     topic = harness.mongo_topic("hot_document")
     config = "history='scd2'"
-    harness.apply(topic, [MongoChange(C, 1, 100, after={"_id": 1, "count": 0})], tmp_path, config)
-    changes = [MongoChange(C, 1, 100, after={"_id": 1, "count": 0})]
-    for sec in range(101, 401):
-        if sec == 250:
-            changes.append(MongoChange("u", 1, sec, after={"_id": 1, "count": -1, "full": True}))
-        else:
-            changes.append(MongoChange("u", 1, sec, updated={"count": sec}))
-    harness.land(topic, changes[1:], tmp_path)
+    insert = MongoChange(C, 1, 100, after={"_id": 1, "count": 0})
+    harness.apply(topic, [insert], tmp_path, config)
+    updates = [
+        MongoChange("u", 1, sec, after={"_id": 1, "count": -1, "full": True})
+        if sec == 250
+        else MongoChange("u", 1, sec, updated={"count": sec})
+        for sec in range(101, 401)
+    ]
+    harness.land(topic, updates, tmp_path)
     assert harness.build(topic)
+    changes = [insert, *updates]
     rows = harness.rows(f"silver.{topic.table}", "_cdc_document, _cdc_is_current", "_cdc_valid_from")
     assert [orjson.loads(row["_cdc_document"]) for row in rows] == [
         expected_documents(changes[: i + 1])["1"] for i in range(len(changes))

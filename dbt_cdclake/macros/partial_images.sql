@@ -257,8 +257,7 @@ segmented as (
 segment_folds as (
   select {{ partition | join(', ') }}, _cdc_segment, _cdc_base,{% if pre_image %} _cdc_pre_image,{% endif %}
     aggregate(_cdc_patches, named_struct('d', {{ cdclake.fold_start_sql(pre_image, placeholder is not none) }}, 'ds', cast(array() as array<string>)),
-      (_cdc_acc, _cdc_p) -> element_at(transform(array(aggregate(_cdc_p._cdc_edits, _cdc_acc.d,
-        (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})),
+      (_cdc_acc, _cdc_p) -> element_at(transform(array({{ cdclake.fold_edits_sql('_cdc_p._cdc_edits', '_cdc_acc.d') }}),
         _cdc_d -> named_struct('d', _cdc_d, 'ds', concat(_cdc_acc.ds, array(_cdc_d)))), 1)).ds as _cdc_folds
   from (
     select {{ partition | join(', ') }}, _cdc_segment, min_by(_cdc_doc, _cdc_pos) as _cdc_base,
@@ -339,13 +338,12 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     it, an update folds onto its segment's first pre-image (`before`), where the connector sends one. -#}
 {% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false) -%}
   {%- if layout.document -%}
-  {%- set base = 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' -%}
+  {%- set base = cdclake.fold_base_sql(pre_image) -%}
   {%- set fold -%}
     {%- if every -%}
     _cdc_folded
     {%- else -%}
-    aggregate(flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits)), {{ cdclake.fold_start_sql(pre_image, placeholders) }},
-      (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})
+    {{ cdclake.fold_edits_sql('flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits))', cdclake.fold_start_sql(pre_image, placeholders)) }}
     {%- endif -%}
   {%- endset -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
@@ -373,8 +371,21 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
 {#- The document a segment's updates fold onto: its first row's (a full image or prior state), else, with
     `pre_image`, its first update's pre-image; `placeholders`: an empty object when neither (see folded_image_sql). -#}
 {% macro fold_start_sql(pre_image, placeholders) -%}
-  {%- set base = 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' -%}
+  {%- set base = cdclake.fold_base_sql(pre_image) -%}
   {{ "coalesce(trim(" ~ base ~ "), '{}')" if placeholders else 'trim(' ~ base ~ ')' }}
+{%- endmacro %}
+
+
+{#- The document before a segment's updates, null when there is none: its first row's, else (`pre_image`) its first
+    update's pre-image. -#}
+{% macro fold_base_sql(pre_image) -%}
+  {{ 'coalesce(_cdc_base, _cdc_pre_image)' if pre_image else '_cdc_base' }}
+{%- endmacro %}
+
+
+{#- The document `start` with the JSON edits of the array expression `edits` applied in order. -#}
+{% macro fold_edits_sql(edits, start) -%}
+  aggregate({{ edits }}, {{ start }}, (_cdc_document, _cdc_edit) -> {{ cdclake.json_apply_edit('_cdc_document', '_cdc_edit') }})
 {%- endmacro %}
 
 
