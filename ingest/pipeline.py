@@ -54,8 +54,17 @@ FAST_PATH_MIN_RECORDS = 8
 # Dead letters logged one by one per topic and flush; the rest in one line when the buffer goes to the commit.
 DEAD_LETTERS_LOGGED_PER_FLUSH = 10
 # What decoding a malformed record can raise besides DecodeError, where no check foresaw it: still the record's
-# fault, and a dead letter (raised, it would stop the ingester on that record at every restart).
-UNFORESEEN_RECORD_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError, OverflowError)
+# fault, and a dead letter (raised, it would stop the ingester on that record at every restart). ArithmeticError:
+# OverflowError, and decimal's Overflow (a Connect Decimal with a huge negative scale).
+UNFORESEEN_RECORD_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    RecursionError,
+    ArithmeticError,
+)
 _KEY, _VALUE = attrgetter("key"), attrgetter("value")
 _COORDINATES = ["_cdc_topic", "_cdc_partition"]
 

@@ -333,19 +333,26 @@ def test_a_dump_followed_as_kcat_writes_it_names_its_lines_right(tmp_path: Path)
     source.close()
 
 
-def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tmp_path: Path) -> None:
-    """Two dumps of a partition concatenated the wrong way round (`cat later.jsonl earlier.jsonl`): the earlier
-    records came after offsets read already and were skipped as repeats, while bronze's offset moved past them,
-    so they were lost for good, with only a warning."""
+@pytest.mark.parametrize("order", ["later_range_first", "middle_range_last"])
+def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tmp_path: Path, order: str) -> None:
+    """Two dumps of a partition concatenated the wrong way round (`cat later.jsonl earlier.jsonl`), or a middle
+    range put last: the records came after offsets read already and were skipped as repeats, while bronze's offset
+    moved past them, so they were lost for good, with only a warning (the middle range even when the first check
+    came: it stopped only on offsets below every offset read)."""
     settings = make_settings(lakehouse)
     lines = [line for line in PG_DUMP.read_bytes().splitlines(keepends=True) if b'"partition":0' in line]
     customers = [line for line in lines if orjson.loads(line)["topic"] == "dbserver1.inventory.customers"]
     dump = tmp_path / "reordered.jsonl"
-    dump.write_bytes(b"".join([*customers[4:], *customers[:4]]))
+    if order == "later_range_first":
+        dump.write_bytes(b"".join([*customers[4:], *customers[:4]]))
+        first_unread = 0
+    else:
+        dump.write_bytes(b"".join([*customers[:2], *customers[5:], *customers[2:5]]))
+        first_unread = 2
     with pytest.raises(
         ConfigError,
-        match=r"reordered\.jsonl:\d+: dbserver1\.inventory\.customers\[0\] offset 0 "
-        r"comes after offset \d+, .*started at offset 4: the dump is out of order",
+        match=rf"reordered\.jsonl:\d+: dbserver1\.inventory\.customers\[0\] offset {first_unread} "
+        r"comes after offset \d+, and this dump has not had it before: the dump is out of order",
     ):
         ingest_file(settings, dump)
     assert not bronze_coordinates(settings)
@@ -374,13 +381,19 @@ def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tm
             r"not a kcat -J JSON line \((?!str is not valid UTF-8)",
         ),
         (b"\x1f\x8b\x08\x00", r"not a kcat -J JSON line .* \(a gzip-compressed dump: decompress it first\)$"),
+        # beyond Kafka's int32 partitions: used to fail the commit of every flush with Arrow's error, naming nothing
+        (
+            b'{"topic":"t","partition":2147483648,"offset":3,"key":null,"payload":null}',
+            r"partition 2147483648 or offset 3 out of Kafka's range",
+        ),
+        (b'{"topic":"t","partition":0,"offset":-1,"key":null,"payload":null}', r"partition 0 or offset -1 out of"),
     ],
-    ids=["payload-error", "no-payload", "deserialized", "cut-short", "gzip"],
+    ids=["payload-error", "no-payload", "deserialized", "cut-short", "gzip", "partition-range", "negative-offset"],
 )
 def test_lines_without_the_records_bytes_stop_ingest_naming_why(line: bytes, reason: str) -> None:
     """A record kcat could not deserialize (-s) has a null payload and a payload_error: it landed as a tombstone,
     silently dropping a change (as did a line without a payload). A broken line with bytes that are not UTF-8 was
-    blamed on UTF-8."""
+    blamed on UTF-8. Coordinates beyond Kafka's types failed at the commit."""
     from ingest.sources.file import parse_line
 
     with pytest.raises(ConfigError, match=r"^dump\.jsonl:7: " + reason):

@@ -456,7 +456,8 @@ COLUMNS: dict[str, tuple[dict[str, Any], Any, Any]] = {
     "f32": (
         {"type": "float"},
         st.floats(allow_nan=False, allow_infinity=False, width=32),
-        st.sampled_from(["NaN", True, 0, 1e300, -3.5e38, 3.4028235e38]),  # beyond float32: dead letters, not inf
+        # beyond float32: dead letters, not inf; below its smallest: dead letters, not 0.0
+        st.sampled_from(["NaN", True, 0, 1e300, -3.5e38, 3.4028235e38, 1e-50, -(2.0**-150), 1.4e-45]),
     ),
     "f64": (
         {"type": "double"},

@@ -173,6 +173,15 @@ DECIMAL_20_2 = {
         ({"type": "float"}, 1e300, "a float32 (below 3.4028236e38 in magnitude)"),
         ({"type": "float32"}, -3.5e38, "a float32"),
         ({"type": "float32"}, 2.0**128 - 2.0**103, "a float32"),  # halfway past the greatest: rounds to inf
+        # and one too small for it used to be stored as 0.0
+        ({"type": "float"}, 1e-50, "a float32 (zero or above 7.0064923e-46 in magnitude)"),
+        ({"type": "float"}, -(2.0**-150), "a float32"),  # halfway to the smallest subnormal: rounds to 0.0
+        # a Connect Decimal with a huge negative scale: decimal.Overflow used to stop the ingester
+        (
+            {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "-1000000"}},
+            "AQ==",
+            "scale -1000000 out of range",
+        ),
         (DECIMAL_20_2, "", "base64 of at least one byte"),  # zero bytes used to read as 0.00
         (
             {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "fields": []},

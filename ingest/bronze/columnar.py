@@ -129,7 +129,8 @@ class _Float(Node):
     raw = storage = pa.float64()
 
     def __init__(self, single: bool = False) -> None:
-        self.single = single  # a float32 column: a finite double beyond its range is the reference's to reject
+        # A float32 column: a double it would store as inf (or a nonzero one as 0.0) is the reference's to reject.
+        self.single = single
 
     def convert(self, array: Any) -> tuple[Any, Mask]:
         if array.null_count == len(array):
@@ -137,7 +138,10 @@ class _Float(Node):
         # NaN/Infinity literals parse here but not in orjson; "-0" is the int 0 for orjson but -0.0 here.
         bad = _flag(pc.invert(pc.is_finite(array)))
         if self.single:
-            bad = _or(bad, _flag(pc.greater_equal(pc.abs(array), connect.FLOAT32_OVERFLOW)))
+            magnitude = pc.abs(array)
+            bad = _or(bad, _flag(pc.greater_equal(magnitude, connect.FLOAT32_OVERFLOW)))
+            tiny = pc.and_(pc.greater(magnitude, 0.0), pc.less_equal(magnitude, connect.FLOAT32_UNDERFLOW))
+            bad = _or(bad, _flag(tiny))
         zero = pc.equal(array, 0.0)
         if pc.any(zero).as_py():
             bad = _or(bad, _flag(pc.and_(zero, pc.less(array.view(pa.int64()), 0))))

@@ -206,12 +206,17 @@ def _float(value: Any, path: str) -> Any:
 # The magnitude from which a double rounds to float32 infinity (halfway past float32's greatest value, which Java
 # prints as 3.4028235E38: that one, a little above the exact maximum, still rounds to it).
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+# The magnitude up to which a double rounds to float32 zero (half float32's smallest subnormal, 2**-149, which
+# rounds to even): a value that small would be stored as 0.0.
+FLOAT32_UNDERFLOW = 2.0**-150
 
 
 def _float32(value: Any, path: str) -> Any:
     number = _float(value, path)
     if math.isfinite(number) and abs(number) >= FLOAT32_OVERFLOW:
         raise _fail(path, "a float32 (below 3.4028236e38 in magnitude)", value)  # Arrow would store inf
+    if 0.0 < abs(number) <= FLOAT32_UNDERFLOW:
+        raise _fail(path, "a float32 (zero or above 7.0064923e-46 in magnitude)", value)  # Arrow would store 0.0
     return number
 
 
@@ -264,7 +269,10 @@ def _decimal(precision: int, scale: int, wire_scale: int | None = None) -> Conve
             raw = _b64(value, path)
             if not raw:  # Kafka Connect rejects zero bytes too: no value, not a zero
                 raise _fail(path, f"decimal({precision},{scale}) (base64 of at least one byte)", value)
-            result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-wire, context=_EXACT)
+            try:
+                result = decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-wire, context=_EXACT)
+            except decimal.DecimalException:  # a scale far out of any decimal's range (Overflow)
+                raise _fail(path, f"decimal({precision},{scale}) (scale {wire} out of range)", value) from None
         elif type(value) is int:  # decimal.format=NUMERIC
             result = decimal.Decimal(value)
         elif type(value) is decimal.Decimal:  # the number as written (RowBuilder's exact re-read)

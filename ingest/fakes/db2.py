@@ -59,14 +59,7 @@ class Db2Connector(RelationalConnector):
 
     def _source(self, ts_ms: int, marker: object, change: str | None, commit: str) -> JsonDict:
         return {
-            "version": self.version,
-            "connector": self.connector,
-            "name": self.prefix,
-            "ts_ms": ts_ms,
-            "snapshot": marker,
-            "db": self.database,
-            "schema": self.schema_name,
-            "table": self.table,
+            **self.source_head(ts_ms, marker),
             "change_lsn": change,
             "commit_lsn": commit,
         }

@@ -70,16 +70,7 @@ class InformixConnector(RelationalConnector):
     def _source(self, ts_ms: int, marker: object, lsns: tuple[int | None, ...], tx_id: int | None) -> JsonDict:
         commit, change, begin = (None if n is None else str(n) for n in lsns)
         return {
-            "version": self.version,
-            "connector": self.connector,
-            "name": self.prefix,
-            "ts_ms": ts_ms,
-            "ts_us": ts_ms * 1000,
-            "ts_ns": ts_ms * 1_000_000,
-            "snapshot": marker,
-            "db": self.database,
-            "schema": self.schema_name,
-            "table": self.table,
+            **self.source_head(ts_ms, marker, fine_clocks=True),
             "commit_lsn": commit,
             "change_lsn": change,
             "txId": None if tx_id is None else str(tx_id),

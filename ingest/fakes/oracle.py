@@ -57,14 +57,7 @@ class OracleConnector(RelationalConnector):
 
     def _source(self, ts_ms: int, marker: object, tx_id: str | None, scn: int, commit: int | None) -> JsonDict:
         return {
-            "version": self.version,
-            "connector": self.connector,
-            "name": self.prefix,
-            "ts_ms": ts_ms,
-            "snapshot": marker,
-            "db": self.database,
-            "schema": self.schema_name,
-            "table": self.table,
+            **self.source_head(ts_ms, marker),
             "txId": tx_id,
             "scn": str(scn),
             "commit_scn": None if commit is None else str(commit),

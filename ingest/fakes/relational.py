@@ -109,6 +109,22 @@ class RelationalConnector(abc.ABC):
     @abc.abstractmethod
     def source_fields(self) -> list[JsonDict]: ...
 
+    def source_head(self, ts_ms: int, marker: object, *, fine_clocks: bool = False) -> JsonDict:
+        """The values of the ``source`` fields every connector starts with (``common_source_fields``), in order;
+        ``fine_clocks``: ``ts_us`` and ``ts_ns`` after ``ts_ms`` (Debezium 2.x)."""
+        clocks = {"ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000} if fine_clocks else {}
+        return {
+            "version": self.version,
+            "connector": self.connector,
+            "name": self.prefix,
+            "ts_ms": ts_ms,
+            **clocks,
+            "snapshot": marker,
+            "db": self.database,
+            "schema": self.schema_name,
+            "table": self.table,
+        }
+
     @abc.abstractmethod
     def snapshot_source(self, ts_ms: int, marker: object, snapshot_pos: int) -> JsonDict: ...
 

@@ -2,8 +2,9 @@
 
 Each line: ``{"topic", "partition", "offset", "ts", "key", "payload"}``; ``payload: null`` is a tombstone. Only
 the topics the configuration follows are read (all, unless source.topics or source.topic_pattern say). As
-from Kafka, offsets increase within a partition: a record at or below an offset read before is skipped (logged),
-and one below every offset of its partition read before (a dump out of order) stops ingest. The last line of a dump
+from Kafka, offsets increase within a partition: a record the dump had before is skipped (logged, a repeated
+range), and one at or below an offset read before that the dump did not have (a dump out of order) stops ingest,
+unless bronze holds it already. The last line of a dump
 kcat is still writing may be cut short: it is read once it is whole.
 A Kafka key or value may be any bytes: kcat writes bytes that are not UTF-8 into the JSON string as they are, and
 they are read back as the same bytes (so such a record reaches the decoder, and the dead-letter table, unchanged).
@@ -11,10 +12,12 @@ they are read back as the same bytes (so such a record reaches the decoder, and 
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -68,6 +71,8 @@ def parse_line(line: bytes, where: str) -> RawRecord:
         raise ConfigError(f"{where}: missing {exc.args[0]!r}") from None
     if not isinstance(topic, str) or type(partition) is not int or type(offset) is not int:
         raise ConfigError(f"{where}: topic must be a string, partition and offset integers")
+    if not (0 <= partition < 2**31 and 0 <= offset < 2**63):  # Kafka's int32 and int64 (bronze's columns)
+        raise ConfigError(f"{where}: partition {partition} or offset {offset} out of Kafka's range")
     if lenient:
         try:
             topic.encode("utf-8")
@@ -112,8 +117,10 @@ class FileSource:
         self._line_number = 0  # of the last whole line read
         self._resolve: OffsetResolver | None = None
         self._positions: dict[tuple[str, int], int | None] = {}
-        self._first_read: dict[tuple[str, int], int] = {}  # the first offset read per partition
         self._last_read: dict[tuple[str, int], int] = {}  # the greatest offset read so far per partition
+        # Per partition, the offsets read so far as runs of consecutive offsets ([first, last], in order): a record
+        # at or below the greatest offset read is a repeat only if it was read; one that was not would be lost.
+        self._read_runs: dict[tuple[str, int], list[list[int]]] = {}
         self._unfinished: bytes | None = None  # the last line so far, kcat still writing it
         self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
@@ -129,19 +136,18 @@ class FileSource:
         otherwise land those records twice: bronze's offsets only say where a partition resumes)."""
         tp = (record.topic, record.partition)
         last = self._last_read.get(tp)
-        if last is not None and record.offset < self._first_read[tp] and record.offset >= (self._start(tp) or 0):
-            # Offsets this pass never read and bronze does not hold (a dump of a later range put before an earlier
-            # one): skipped like a repeat, they would be lost for good, bronze's offset being past them.
-            raise ConfigError(
-                f"{where}: {record.topic}[{record.partition}] offset {record.offset} comes after offset {last}, and "
-                f"this dump's records of the partition started at offset {self._first_read[tp]}: the dump is out of "
-                "order; sort it by partition and offset"
-            )
         if last is not None and record.offset <= last:
+            if record.offset >= (self._start(tp) or 0) and not self._was_read(tp, record.offset):
+                # An offset this pass never read and bronze does not hold (a dump of a later range put before an
+                # earlier one): skipped like a repeat, it would be lost for good, bronze's offset being past it.
+                raise ConfigError(
+                    f"{where}: {record.topic}[{record.partition}] offset {record.offset} comes after offset {last}, "
+                    "and this dump has not had it before: the dump is out of order; sort it by partition and offset"
+                )
             if not self.repeated:
                 log.warning(
                     "%s: %s[%d] offset %d after offset %d: offsets must increase within a partition; "
-                    "skipping such records (a repeated or reordered range of the dump)",
+                    "skipping such records (a repeated range of the dump)",
                     where,
                     record.topic,
                     record.partition,
@@ -151,9 +157,18 @@ class FileSource:
             self.repeated += 1
             return False
         self._last_read[tp] = record.offset
-        self._first_read.setdefault(tp, record.offset)
+        runs = self._read_runs.setdefault(tp, [])
+        if runs and runs[-1][1] == record.offset - 1:
+            runs[-1][1] = record.offset
+        else:
+            runs.append([record.offset, record.offset])
         start = self._start(tp)
         return start is None or record.offset >= start
+
+    def _was_read(self, tp: tuple[str, int], offset: int) -> bool:
+        runs = self._read_runs.get(tp, [])
+        index = bisect.bisect_right(runs, offset, key=itemgetter(0)) - 1
+        return index >= 0 and runs[index][1] >= offset
 
     def _start(self, tp: tuple[str, int]) -> int | None:
         """Where bronze resumes the partition (None: it holds none of it)."""
