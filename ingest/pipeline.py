@@ -28,7 +28,7 @@ from ingest.bronze.columnar import BatchDecoder, Group
 from ingest.bronze.dead_letters import DEAD_LETTER_SCHEMA, dead_letter_row, dead_lettered_offsets, landed_up_to
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
-from ingest.bronze.rows import Layout, RowBuilder
+from ingest.bronze.rows import BronzeRow, Layout, RowBuilder
 from ingest.bronze.tables import (
     DEAD_LETTER_KIND,
     LAYOUT_PROPERTY,
@@ -147,6 +147,10 @@ class Pipeline:
         self._schemas: dict[str, pa.Schema | None] = {}
         self._seen_schemas: dict[str, set[int]] = {}
         self._layouts: dict[str, str | None] = {}
+        # Tombstones of tables whose layout is not known yet (no table, nothing buffered): a tombstone's own layout
+        # follows the key converter, not the value converter that decides the table's (RowBuilder.tombstone_row).
+        # They wait for the first change record of their table to decide it, or for the flush (tombstones alone).
+        self._undecided_tombstones: dict[str, list[tuple[RawRecord, Envelope, dt.datetime]]] = {}
         # Last Connect schemas seen per topic, for records that arrive without one (see _with_known_schema).
         self._topic_schemas: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
         self._buffer: dict[str, TableBatch] = {}
@@ -282,6 +286,29 @@ class Pipeline:
         self._schemas[name] = merged
         self._layouts[name] = row_layout.value
         seen.add(id(schema))
+        if layout is None and name in self._undecided_tombstones:
+            self._buffer_undecided_tombstones(name)
+
+    def _stop_on_type_conflict(self, error: DecodeError, record: RawRecord) -> None:
+        """With ``on_type_conflict: fail``, a type conflict stops ingest, naming the record and the setting."""
+        if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
+            raise TypeConflictError(
+                f"{record.topic}[{record.partition}]@{record.offset}: {error} (ingest.on_type_conflict is 'fail'; "
+                "'dead_letter' lands such records in the dead-letter table instead)"
+            ) from error
+
+    def _buffer_undecided_tombstones(self, name: str) -> None:
+        """Buffer the tombstones that waited for ``name``'s layout (decided now, or at the flush by the first of
+        them); their records were counted as buffered when they came."""
+        for record, envelope, ingested_at in self._undecided_tombstones.pop(name):
+            try:
+                row = self._row(record, envelope, ingested_at, self._layouts.get(name))
+                self._check_schema(name, row.schema, row.layout)
+            except DecodeError as error:
+                self._stop_on_type_conflict(error, record)
+                self._dead_letter(record, name, error, ingested_at)
+                continue
+            self._append_row(name, row, record, "change")
 
     def accept(self, record: RawRecord, ingested_at: dt.datetime) -> None:
         self.accept_batch([record], ingested_at)
@@ -474,13 +501,16 @@ class Pipeline:
                         value_schema is not None and topic_schema[1] is not value_schema
                     ):
                         topic_schemas[topic] = (key_schema or topic_schema[0], value_schema or topic_schema[1])
+                if record.value is None and self._layouts.get(name) is None:
+                    group.dropped.append(row)  # it waits for its table's layout (_undecided_tombstones)
+                    self._accept_one(record, ingested_at)
+                    continue
                 seen = self._seen_schemas.get(name)
                 if seen is None or id(schema) not in seen:
                     try:
                         self._check_schema(name, schema, Layout.TYPED)
                     except DecodeError as error:
-                        if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
-                            raise
+                        self._stop_on_type_conflict(error, record)
                         group.dropped.append(row)
                         if record.value is None:  # a tombstone takes its table's layout (RowBuilder.tombstone_row)
                             self._accept_one(record, ingested_at)
@@ -518,6 +548,12 @@ class Pipeline:
         Its outcome is the loop's: each group's schema is checked where the loop first meets it, a topic's last key
         and value schemas win, and each partition's offset is its last record's. False, with only the passed
         schema checks done (which the loop then finds done), when a schema check fails: the loop decides."""
+        undecided = {group.name for group in groups if self._layouts.get(group.name) is None}
+        if undecided and any(
+            record.value is None and cast(Group, members[position]).name in undecided
+            for position, record in enumerate(records)
+        ):
+            return False  # tombstones that must wait for their table's layout (_undecided_tombstones)
         for group in groups:
             seen = self._seen_schemas.get(group.name)
             if seen is None or id(group.plan.schema) not in seen:
@@ -586,14 +622,15 @@ class Pipeline:
             if envelope.kind is RecordKind.HEARTBEAT and self.settings.skip_heartbeats:
                 self._skip("heartbeat")
                 return
-            row = self._builder.build(record, envelope, ingested_at)
             layout = self._layouts.get(name)
-            if envelope.kind is RecordKind.TOMBSTONE and layout is not None and layout != row.layout.value:
-                row = self._builder.tombstone_row(record, envelope, ingested_at, Layout(layout))
+            if envelope.kind is RecordKind.TOMBSTONE and layout is None:
+                self._undecided_tombstones.setdefault(name, []).append((record, envelope, ingested_at))
+                self._note_buffered(record)
+                return
+            row = self._row(record, envelope, ingested_at, layout)
             self._check_schema(name, row.schema, row.layout)
         except DecodeError as error:
-            if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
-                raise
+            self._stop_on_type_conflict(error, record)
             self._dead_letter(record, name, error, ingested_at)
             return
         except UNFORESEEN_RECORD_ERRORS as error:
@@ -601,15 +638,25 @@ class Pipeline:
             unforeseen = DecodeError(f"could not be decoded: {type(error).__name__}: {error}")
             self._dead_letter(record, name, unforeseen, ingested_at)
             return
+        kind = "change" if envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else envelope.kind.value
+        self._append_row(name, row, record, kind)
+        self._note_buffered(record)
+
+    def _row(self, record: RawRecord, envelope: Envelope, ingested_at: dt.datetime, layout: str | None) -> BronzeRow:
+        """The record's bronze row; a tombstone's in the layout of its table (``layout``), when that is known."""
+        row = self._builder.build(record, envelope, ingested_at)
+        if envelope.kind is RecordKind.TOMBSTONE and layout is not None and layout != row.layout.value:
+            row = self._builder.tombstone_row(record, envelope, ingested_at, Layout(layout))
+        return row
+
+    def _append_row(self, name: str, row: BronzeRow, record: RawRecord, kind: str) -> None:
         batch = self._buffer.get(name)
         if batch is None:
-            kind = "change" if envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else envelope.kind.value
             batch = self._buffer[name] = TableBatch(name, row.layout, kind)
         if all(schema is not row.schema for schema in batch.schemas):
             batch.schemas.append(row.schema)
         batch.rows.append(row.row)
-        batch.offsets[tp] = record.offset + 1
-        self._note_buffered(record)
+        batch.offsets[(record.topic, record.partition)] = record.offset + 1
 
     def _with_known_schema(self, topic: str, envelope: Envelope) -> Envelope:
         """A record without a schema on a topic whose records had one is read with the topic's last schema.
@@ -692,6 +739,8 @@ class Pipeline:
         """
         with self._lock:
             self._finish_commit()
+            for name in list(self._undecided_tombstones):  # no change record decided their table's layout
+                self._buffer_undecided_tombstones(name)
             if not self._buffer:
                 return
             buffer, self._buffer = self._buffer, {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,33 @@ def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_
     assert harness.spark.sql(f"show tables in silver like '{topic.table}__cdc_tombstones'").count() == 0
     assert harness.silver(topic, "not _cdc_deleted") == {2: "b"}
     assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values
+
+
+def test_a_moved_keys_soft_delete_marker_holds_no_computed_values(harness: SilverHarness, tmp_path: Path) -> None:
+    """Keys read from the images (a table without a primary key): an update that moves its row to another key also
+    deletes the old key, as a copy of the update with no `after`. Columns the model computes kept the update's
+    values there, so with soft deletes the history's marker of the old key held the new row's values, where a
+    delete's marker holds none."""
+    topic = harness.topic("scd2_moved_key")
+    harness.write_model(topic, f"{SOFT}, keys=['id']")  # the sources; the model itself computes a column:
+    (harness.project / "models" / "silver" / f"{topic.table}.sql").write_text(
+        f"{{{{ config(materialized='cdc_silver', {SOFT}, keys=['id']) }}}}\n"
+        f"select *, upper(after.v) as v_upper from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    )
+    lines = topic.records([Change(C, 4, 1, "d"), Change(U, 4, 2, "e")])
+    moved = json.loads(lines[1]["payload"])
+    moved["payload"]["after"]["id"] = 5  # the update's after image holds another key
+    lines[1]["payload"] = json.dumps(moved)
+    for line in lines:
+        line["key"] = None  # Debezium's key for a table without a primary key
+    harness.land_lines(f"{topic.table}-0", lines, tmp_path)
+    assert harness.build(topic)
+    rows = harness.rows(f"silver.{topic.table}", "id, v, v_upper, _cdc_op, _cdc_deleted", "_cdc_valid_from[0], id")
+    assert rows == [
+        {"id": 4, "v": "d", "v_upper": "D", "_cdc_op": "c", "_cdc_deleted": False},
+        {"id": 4, "v": None, "v_upper": None, "_cdc_op": "d", "_cdc_deleted": True},
+        {"id": 5, "v": "e", "v_upper": "E", "_cdc_op": "u", "_cdc_deleted": False},
+    ]
 
 
 changes_strategy = st.lists(

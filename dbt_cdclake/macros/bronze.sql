@@ -300,16 +300,17 @@
   `relation_sql` (bronze rows: the model's input, or bronze itself) plus, for each update that moves its row to
   another key (`moves`, see key_reading), a delete of the old key at the update's position: the update's row with
   op 'd' and no `after`, so its key reads from `before`. Net effect, tombstones, history and the shipped tests then
-  treat it as Debezium's delete of a changed primary key. `columns`: the relation's columns.
+  treat it as Debezium's delete of a changed primary key. `columns`: the relation's columns; `computed`: those the
+  model computes (from `after`, say), null in the delete as in Debezium's, whose `after` is null.
 -#}
-{% macro with_key_changes(relation_sql, columns, moves) -%}
+{% macro with_key_changes(relation_sql, columns, moves, computed=[]) -%}
   {%- if moves is none %}{{ return(relation_sql) }}{% endif -%}
   {%- set listed = [] -%}
   {%- set deleted = [] -%}
   {%- for column in columns -%}
     {% do listed.append(cdclake.quote(column)) %}
     {%- if column == 'op' %}{% do deleted.append("'d' as op") %}
-    {%- elif column == 'after' %}{% do deleted.append('case when false then after end as after') %}
+    {%- elif column == 'after' or column in computed %}{% do deleted.append('case when false then ' ~ cdclake.quote(column) ~ ' end as ' ~ cdclake.quote(column)) %}
     {%- else %}{% do deleted.append(cdclake.quote(column)) %}{% endif -%}
   {%- endfor -%}
   {{ return('select ' ~ listed | join(', ') ~ ' from (' ~ relation_sql ~ ') cdc_moved union all select ' ~ deleted | join(', ') ~ ' from (' ~ relation_sql ~ ') cdc_moved where ' ~ moves) }}

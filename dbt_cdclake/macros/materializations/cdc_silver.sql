@@ -59,6 +59,7 @@
   {%- set bronze = cdclake.bronze_relation() -%}
   {%- set horizon = config.get('tombstone_horizon_days') -%}
   {%- set inserts_rows = false -%}
+  {%- set removes_rows = false -%}
 
   {{ run_hooks(pre_hooks) }}
 
@@ -105,7 +106,7 @@
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
-    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves) -%}
+    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start), replacing) -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
@@ -128,7 +129,7 @@
     {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {#- An update that moved its row to another key (keys read from the images) also deletes the old key. -#}
-    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, folded), layout.input_columns, layout.key_moves) -%}
+    {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, folded), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {#- A soft-deleted row keeps its key's last values (net_effect_sql; without one in the unit: silver's). -#}
     {%- if delete_mode == 'soft' %}{% do layout.update({'keep_deleted_images': true}) %}{% endif -%}
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
@@ -177,26 +178,32 @@
       {#- Every batch row removes its key's silver row (if any); those that are not hard deletes are inserted. -#}
       {%- set removes_rows = stats[0] > 0 or new_truncate -%}
       {%- set inserts_rows = stats[1] > 0 -%}
-      {%- if inserts_rows -%}
-        {#- Staged on a branch of this run, then main is fast-forwarded to it: main moves once, from the old state
-            to the new one. A concurrent run's fast-forward fails (main moved), never mixes. -#}
+      {%- if removes_rows -%}
+        {#- Staged on a branch of this run made from the snapshot the run's properties describe, then main is
+            fast-forwarded to it: main moves once, from the old state to the new one. If anything moved main since
+            the run read its properties (an overlapping run of the model), the fast-forward fails: this run's unit
+            and applied position are stale, and applied on top of the other run's state they would overwrite newer
+            rows. -#}
         {%- set branch = 'cdclake_apply_' ~ run.id -%}
-        {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch) %}
+        {%- set read_snapshot = properties.get('current-snapshot-id') -%}
+        {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
-        {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
+        {%- if inserts_rows -%}
+          {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
+        {%- endif -%}
         {%- if horizon is not none and delete_mode == 'soft' -%}
           {#- On the branch too: main moves once per run. -#}
           {% do run_query(cdclake.soft_delete_purge_sql(staged, horizon)) %}
         {%- endif -%}
+        {% do cdclake.check_not_overtaken(target, properties, branch) %}
         {%- call statement('main') -%}
           call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
         {%- endcall -%}
         {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
-      {%- elif removes_rows -%}
-        {#- Hard deletes (or a truncate) only: one commit, on main directly. -#}
-        {%- call statement('main') -%} {{ cdclake.silver_delete_sql(layout, batch, target, truncate if new_truncate else none, incremental, null_safe) }} {%- endcall -%}
       {%- else -%}
+        {#- Nothing to change in silver; its properties still move on (below), which a stale run must not do. -#}
+        {% do cdclake.check_not_overtaken(target, properties) %}
         {%- call statement('main') -%} select 1 {%- endcall -%}
       {%- endif -%}
       {%- if delete_mode == 'hard' and stats[2] > 0 -%}
@@ -224,9 +231,9 @@
     {%- endif -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
-    {%- elif horizon is not none and existing is not none and not inserts_rows -%}
+    {%- elif horizon is not none and existing is not none and not removes_rows -%}
       {#- A run that staged a branch purged there, and a first build has nothing past the horizon; otherwise this
-          is the run's only step of main (or its second, after a DELETE-only unit: a truncate). -#}
+          is the run's only step of main. -#}
       {% do run_query(cdclake.soft_delete_purge_sql(target, horizon)) %}
     {%- endif -%}
   {%- endif -%}
@@ -619,6 +626,20 @@
 
 
 {#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
+{#- Fails the run (dropping its branch) if another run of the model applied bronze since this one read `properties`,
+    or anything else moved silver's main: its unit of work and applied position are stale. (The fast-forward would
+    fail on a moved main too; this says why, and also catches a run that moved main before this one read the
+    properties but recorded its bronze snapshot after.) -#}
+{% macro check_not_overtaken(target, properties, branch=none) -%}
+  {%- set now = cdclake.table_properties(target) -%}
+  {%- set moved = now.get('current-snapshot-id') != properties.get('current-snapshot-id') -%}
+  {%- if moved or now.get('cdclake.bronze_snapshot_id') != properties.get('cdclake.bronze_snapshot_id') -%}
+    {%- if branch is not none %}{% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}{% endif -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " changed while this run applied bronze from snapshot " ~ properties.get('cdclake.bronze_snapshot_id') ~ " (now " ~ ('at silver snapshot ' ~ now.get('current-snapshot-id') if moved else 'applied up to bronze snapshot ' ~ now.get('cdclake.bronze_snapshot_id')) ~ "): another run of the model, or a write to silver, overtook it. Nothing was applied; run it again.") }}
+  {%- endif -%}
+{%- endmacro %}
+
+
 {% macro drop_apply_branches(target) -%}
   {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
     {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
