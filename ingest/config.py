@@ -259,11 +259,20 @@ class LayerMaintenance(_Section):
     )
 
 
+class SilverMaintenance(LayerMaintenance):
+    """Upkeep settings of silver, whose MERGE and DELETE leave position deletes: its data files with one are
+    rewritten by default (a field default, so that setting another key of the section keeps it)."""
+
+    delete_file_threshold: int | None = Field(
+        default=1, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
+    )
+
+
 class MaintenanceSettings(_Section):
     """``maintenance:`` in cdclake.yml (bronze and silver upkeep)."""
 
     bronze: LayerMaintenance = Field(default_factory=LayerMaintenance)
-    silver: LayerMaintenance = Field(default_factory=lambda: LayerMaintenance(delete_file_threshold=1))
+    silver: SilverMaintenance = Field(default_factory=SilverMaintenance)
     keep_silver_position: bool = Field(
         default=True,
         description="Never expire the bronze snapshot a silver table has applied (its incremental start point).",
@@ -522,5 +531,19 @@ def redact(text: str, settings: Settings) -> str:
         for form in (plain, quote_plus(plain), quote(plain, safe=""))
     }
     for secret in sorted({s for s in candidates if len(s) >= 4}, key=len, reverse=True):
-        text = text.replace(secret, "***")
+        # A numeric password: not inside a longer number (a row count, an offset).
+        digits = secret.isdigit()
+        text = re.sub(rf"(?<![0-9]){secret}(?![0-9])", "***", text) if digits else text.replace(secret, "***")
     return text
+
+
+def redact_values(document: Any, settings: Settings) -> Any:
+    """``document`` (JSON-like: dicts, lists, scalars) with every configured secret removed from its strings;
+    numbers stay numbers (redacting its serialized text could make a number into `***` and the JSON invalid)."""
+    if isinstance(document, str):
+        return redact(document, settings)
+    if isinstance(document, dict):
+        return {key: redact_values(value, settings) for key, value in document.items()}
+    if isinstance(document, list | tuple):
+        return [redact_values(value, settings) for value in document]
+    return document

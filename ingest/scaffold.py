@@ -163,7 +163,16 @@ def table_keys(tables: BronzeTables, name: str) -> tuple[list[str] | None, str |
         topics = list(orjson.loads(offsets))
         topic = topics[0] if len(topics) == 1 else None
     if "key" not in names:
-        return None, topic, "no key: the source table has no primary key (name key columns in the model by hand)"
+        # Typed bronze has no key column when the Kafka key is null (a source table without a primary key) and
+        # when keys carry no schema beside typed values (their text is in _cdc_key_json).
+        return (
+            None,
+            topic,
+            (
+                "no key: the source table has no primary key, or its records' keys carry no schema "
+                "(key.converter schemas.enable=false); name key columns in the model by hand"
+            ),
+        )
     key_type = schema.find_field("key").field_type
     if not key_type.is_struct:
         return None, topic, "records carry no key schema (schemas.enable=false); name key columns by hand"

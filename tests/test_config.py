@@ -135,6 +135,25 @@ spark:
     assert "ab/cd1" not in redact("could not connect as cdc with ab/cd1", slash)
 
 
+def test_a_numeric_password_is_redacted_but_not_inside_numbers(tmp_path: Path) -> None:
+    """`status --json` redacted its serialized text: with the catalog password 4711, a row count of 1047112 became
+    `10***2` and offset 47110 `***0`, which is not JSON. Numbers in documents are left alone now, and in text a
+    numeric secret only where no digit adjoins it."""
+    from ingest.config import redact_values
+
+    config = write(tmp_path, "lakehouse:\n  catalog_uri: postgresql://iceberg:4711@db/cat\n")
+    settings = load_settings(config, environ={})
+    assert redact("rows 1047112, next offset 47110; login iceberg:4711@db failed", settings) == (
+        "rows 1047112, next offset 47110; login iceberg:***@db failed"
+    )
+    document = {"rows": 1047112, "offset": 4711, "tables": [{"error": "password 4711 refused", "lag": [47110]}]}
+    assert redact_values(document, settings) == {
+        "rows": 1047112,
+        "offset": 4711,
+        "tables": [{"error": "password *** refused", "lag": [47110]}],
+    }
+
+
 def test_missing_env_reference_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, "source:\n  type: kafka\n  topics: [a]\n  consumer:\n    sasl.password: ${NOPE}\n")
     with pytest.raises(ConfigError, match=r"NOPE is referenced but not set"):
@@ -209,6 +228,11 @@ def test_env_values_take_the_type_of_their_key(tmp_path: Path) -> None:
     assert (source.bootstrap_servers, source.topic_pattern) == ("[::1]:9092", "[ab]server1\\..*")
     assert settings.ingest.metrics_port is None
     assert settings.maintenance.silver.delete_file_threshold is None
+    # Another key of the section keeps silver's default (a default of the section's factory was lost with it).
+    by_key = {"CDCLAKE__MAINTENANCE__SILVER__RETAIN_LAST": "5"}
+    for env in (by_key, {"CDCLAKE__MAINTENANCE__SILVER": "{retain_last: 5}"}):
+        silver = load_settings(path, environ={"CDCLAKE__SOURCE__TOPICS": "[a]", **env}).maintenance.silver
+        assert (silver.retain_last, silver.delete_file_threshold) == (5, 1)
     assert settings.dbt.thrift_host is None
     assert settings.spark.conf == {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8"}
     assert load_settings(path, environ={"CDCLAKE__SOURCE__TOPIC_PATTERN": "[a-c]", "CDCLAKE__SOURCE__TOPICS": "[]"})

@@ -406,11 +406,10 @@ def test_overlapping_first_builds_leave_no_delete_unapplied(harness: SilverHarne
         assert harness.silver(topic) == {2: "b"} == topic.expected()
 
 
-# A stand-in for another run of the model that commits while this one runs: an override of batch_sql (dispatched,
-# like any cdclake macro a project overrides), which runs after the run read silver's properties.
-OVERTAKING_BATCH_SQL = """
-{% macro spark__batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate,
-                          broadcast) -%}
+# A stand-in for another run of the model that commits while this one runs: overrides of batch_sql and scd2_rows_sql
+# (dispatched, like any cdclake macro a project overrides), which run after the run read silver's properties.
+OVERTAKING_MACROS = """
+{% macro overtake(target) -%}
   {%- set by = var('overtaken_by', none) -%}
   {%- if by == 'snapshot' -%}
     {% do run_query("call system.rewrite_data_files(table => '" ~ target.schema ~ "." ~ target.identifier
@@ -418,37 +417,56 @@ OVERTAKING_BATCH_SQL = """
   {%- elif by == 'properties' -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '1')") %}
   {%- endif -%}
+{%- endmacro %}
+
+{% macro spark__batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate,
+                          broadcast) -%}
+  {% do overtake(target) %}
   {{ return(cdclake.default__batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position,
                                        truncate, broadcast)) }}
+{%- endmacro %}
+
+{% macro spark__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
+  {%- if target is not none %}{% do overtake(target) %}{% endif -%}
+  {{ return(cdclake.default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate)) }}
 {%- endmacro %}
 """
 
 
+@pytest.mark.parametrize("history", ["current", "scd2"])
 @pytest.mark.parametrize("overtaken_by", ["snapshot", "properties"])
-def test_a_run_overtaken_by_another_applies_nothing(harness: SilverHarness, tmp_path: Path, overtaken_by: str) -> None:
+def test_a_run_overtaken_by_another_applies_nothing(
+    harness: SilverHarness, tmp_path: Path, overtaken_by: str, history: str
+) -> None:
     """Two runs of a model overlapping, the other one committing after this one read silver's properties (its
     applied bronze snapshot and position): this run made its branch from main as it was when it staged, so its
     fast-forward succeeded, and its older, shorter unit of work went over the other run's newer rows (a truncate
     the other applied undone for good, a newer update overwritten). Now its branch starts at the snapshot the
     properties describe, and it checks them again before the fast-forward: it fails, applying nothing, and the
-    next run converges. The other run's commit is simulated inside this run: a rewrite of silver's files moves
+    next run converges. A history run (its versions decided from silver as it read it, then merged) checks them
+    before its MERGE. The other run's commit is simulated inside this run: a rewrite of silver's files moves
     main; a bronze snapshot recorded in the properties is the other run's last step."""
     own = SilverHarness.create(harness.settings, tmp_path / "project")
     own.spark = harness.spark
-    (own.project / "macros" / "overtaking.sql").write_text(OVERTAKING_BATCH_SQL)
+    (own.project / "macros" / "overtaking.sql").write_text(OVERTAKING_MACROS)
     with (own.project / "dbt_project.yml").open("a") as project_yml:
         project_yml.write('  - macro_namespace: cdclake\n    search_order: ["cdclake_project", "cdclake"]\n')
-    topic = own.topic(f"overtaken_by_{overtaken_by}")
-    own.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path)
-    before = own.silver(topic)
+    topic = own.topic(f"overtaken_by_{overtaken_by}_{history}")
+    config = "history='scd2'" if history == "scd2" else ""
+    own.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, config)
+
+    def state() -> object:
+        return own.history(topic) if history == "scd2" else own.silver(topic)
+
+    before = state()
     own.land(topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4)], tmp_path)
     assert not own.build(topic, "--vars", f"{{overtaken_by: {overtaken_by}}}")
     assert "changed while this run applied bronze from snapshot" in (own.project / "logs" / "dbt.log").read_text()
-    assert own.silver(topic) == before
+    assert state() == before
     staged = "startswith(name, 'cdclake_apply_')"
     assert own.rows(f"silver.{topic.table}.refs", "name", where=staged) == []
     assert own.build(topic)
-    assert own.silver(topic) == topic.expected() == {1: "a2"}
+    assert state() == (topic.expected_history() if history == "scd2" else topic.expected())
 
 
 def test_a_null_key_part_is_one_key(harness: SilverHarness, dumps: Path) -> None:

@@ -13,7 +13,7 @@ import orjson
 from rich.console import Console
 
 from ingest.cli.common import config_option, settings_from
-from ingest.config import redact
+from ingest.config import redact, redact_values
 from ingest.status import (
     DEFAULT_STALE_AFTER_S,
     BronzeStatus,
@@ -54,7 +54,7 @@ def status(
     problems = stale_problems(result, stale_after)
     if as_json:
         document = status_document(result, stale_after, problems)
-        click.echo(redact(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode(), settings))
+        click.echo(orjson.dumps(redact_values(document, settings), option=orjson.OPT_INDENT_2).decode())
     else:
         console = Console(soft_wrap=False)
         if not console.is_terminal:
