@@ -16,8 +16,8 @@ import bisect
 import json
 import logging
 import time
+from array import array
 from collections.abc import Collection, Iterator, Mapping
-from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -118,9 +118,10 @@ class FileSource:
         self._resolve: OffsetResolver | None = None
         self._positions: dict[tuple[str, int], int | None] = {}
         self._last_read: dict[tuple[str, int], int] = {}  # the greatest offset read so far per partition
-        # Per partition, the offsets read so far as runs of consecutive offsets ([first, last], in order): a record
-        # at or below the greatest offset read is a repeat only if it was read; one that was not would be lost.
-        self._read_runs: dict[tuple[str, int], list[list[int]]] = {}
+        # Per partition, the offsets read so far as runs of consecutive offsets (their firsts and lasts, in order;
+        # 16 bytes a run, so a compacted topic's gaps stay cheap): a record at or below the greatest offset read is
+        # a repeat only if it was read; one that was not would be lost.
+        self._read_runs: dict[tuple[str, int], tuple[array[int], array[int]]] = {}
         self._unfinished: bytes | None = None  # the last line so far, kcat still writing it
         self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
@@ -157,18 +158,22 @@ class FileSource:
             self.repeated += 1
             return False
         self._last_read[tp] = record.offset
-        runs = self._read_runs.setdefault(tp, [])
-        if runs and runs[-1][1] == record.offset - 1:
-            runs[-1][1] = record.offset
+        firsts, lasts = self._read_runs.setdefault(tp, (array("q"), array("q")))
+        if lasts and lasts[-1] == record.offset - 1:
+            lasts[-1] = record.offset
         else:
-            runs.append([record.offset, record.offset])
+            firsts.append(record.offset)
+            lasts.append(record.offset)
         start = self._start(tp)
         return start is None or record.offset >= start
 
     def _was_read(self, tp: tuple[str, int], offset: int) -> bool:
-        runs = self._read_runs.get(tp, [])
-        index = bisect.bisect_right(runs, offset, key=itemgetter(0)) - 1
-        return index >= 0 and runs[index][1] >= offset
+        runs = self._read_runs.get(tp)
+        if runs is None:
+            return False
+        firsts, lasts = runs
+        index = bisect.bisect_right(firsts, offset) - 1
+        return index >= 0 and lasts[index] >= offset
 
     def _start(self, tp: tuple[str, int]) -> int | None:
         """Where bronze resumes the partition (None: it holds none of it)."""

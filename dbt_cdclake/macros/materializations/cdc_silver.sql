@@ -627,7 +627,6 @@
 {%- endmacro %}
 
 
-{#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
 {#- Fails the run (dropping its branch) if another run of the model applied bronze since this one read `properties`,
     or anything else moved silver's main: its unit of work and applied position are stale. (The fast-forward would
     fail on a moved main too; this says why, and also catches a run that moved main before this one read the
@@ -642,6 +641,7 @@
 {%- endmacro %}
 
 
+{#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
 {% macro drop_apply_branches(target) -%}
   {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
     {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
