@@ -289,6 +289,15 @@ class Pipeline:
         if layout is None and name in self._undecided_tombstones:
             self._buffer_undecided_tombstones(name)
 
+    def _reject(self, record: RawRecord, name: str, error: Exception, ingested_at: dt.datetime) -> None:
+        """A record that could not be decoded or typed: a dead letter (or, for a type conflict with
+        ``on_type_conflict: fail``, the end of ingest)."""
+        if not isinstance(error, DecodeError):  # no check foresaw it: still the record's fault
+            log.warning("decoding %s[%d]@%d failed", record.topic, record.partition, record.offset, exc_info=True)
+            error = DecodeError(f"could not be decoded: {type(error).__name__}: {error}")
+        self._stop_on_type_conflict(error, record)
+        self._dead_letter(record, name, error, ingested_at)
+
     def _stop_on_type_conflict(self, error: DecodeError, record: RawRecord) -> None:
         """With ``on_type_conflict: fail``, a type conflict stops ingest, naming the record and the setting."""
         if isinstance(error, TypeConflictError) and self.settings.on_type_conflict == "fail":
@@ -304,9 +313,8 @@ class Pipeline:
             try:
                 row = self._row(record, envelope, ingested_at, self._layouts.get(name))
                 self._check_schema(name, row.schema, row.layout)
-            except DecodeError as error:
-                self._stop_on_type_conflict(error, record)
-                self._dead_letter(record, name, error, ingested_at)
+            except (DecodeError, *UNFORESEEN_RECORD_ERRORS) as error:
+                self._reject(record, name, error, ingested_at)
                 continue
             self._append_row(name, row, record, "change")
 
@@ -629,14 +637,8 @@ class Pipeline:
                 return
             row = self._row(record, envelope, ingested_at, layout)
             self._check_schema(name, row.schema, row.layout)
-        except DecodeError as error:
-            self._stop_on_type_conflict(error, record)
-            self._dead_letter(record, name, error, ingested_at)
-            return
-        except UNFORESEEN_RECORD_ERRORS as error:
-            log.warning("decoding %s[%d]@%d failed", record.topic, record.partition, record.offset, exc_info=True)
-            unforeseen = DecodeError(f"could not be decoded: {type(error).__name__}: {error}")
-            self._dead_letter(record, name, unforeseen, ingested_at)
+        except (DecodeError, *UNFORESEEN_RECORD_ERRORS) as error:
+            self._reject(record, name, error, ingested_at)
             return
         kind = "change" if envelope.kind in (RecordKind.CHANGE, RecordKind.TOMBSTONE) else envelope.kind.value
         self._append_row(name, row, record, kind)

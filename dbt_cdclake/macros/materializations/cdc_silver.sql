@@ -58,7 +58,6 @@
   {%- endif -%}
   {%- set bronze = cdclake.bronze_relation() -%}
   {%- set horizon = config.get('tombstone_horizon_days') -%}
-  {%- set inserts_rows = false -%}
   {%- set removes_rows = false -%}
 
   {{ run_hooks(pre_hooks) }}
