@@ -18,18 +18,14 @@ from typing import Any
 
 from ingest.errors import SetupError
 from ingest.lakehouse import RUNTIME_DIR_ENV, runtime_dir
-from tests.conftest import TEST_JAVA_OPTIONS
+from tests.conftest import TEST_SPARK_CONF
 from tests.missing import missing_runtime
 
 SUBPROCESS_TIMEOUT_S = 600.0
-# The `spark:` section of children's configs: a small local JVM whose code only C1 compiles (TEST_JAVA_OPTIONS). A
-# `cdclake dbt build` JVM lives 10-20 s, too short for C2's optimisations to repay their compile time: it saves ~3 s
-# of each build here.
-CHILD_SPARK: dict[str, Any] = {
-    "master": "local[2]",
-    "driver_memory": "1g",
-    "conf": {"spark.driver.extraJavaOptions": TEST_JAVA_OPTIONS},
-}
+# The `spark:` section of children's configs: a small local JVM with the tests' settings (TEST_SPARK_CONF says why).
+# Its code only C1 compiles: a `cdclake dbt build` JVM lives 10-20 s, too short for C2's optimisations to repay
+# their compile time (~3 s of each build here).
+CHILD_SPARK: dict[str, Any] = {"master": "local[2]", "driver_memory": "1g", "conf": dict(TEST_SPARK_CONF)}
 FLUSHED = '"msg":"flushed '
 
 
