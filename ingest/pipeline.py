@@ -32,6 +32,7 @@ from ingest.bronze.rows import BronzeRow, Layout, RowBuilder
 from ingest.bronze.tables import (
     DEAD_LETTER_KIND,
     LAYOUT_PROPERTY,
+    LAYOUT_PROVISIONAL_PROPERTY,
     OFFSETS_PROPERTY,
     BronzeTables,
     Offsets,
@@ -151,6 +152,9 @@ class Pipeline:
         # follows the key converter, not the value converter that decides the table's (RowBuilder.tombstone_row).
         # They wait for the first change record of their table to decide it, or for the flush (tombstones alone).
         self._undecided_tombstones: dict[str, list[tuple[RawRecord, Envelope, dt.datetime]]] = {}
+        # Tables whose layout tombstones alone decided (a flush of nothing else, stored as LAYOUT_PROVISIONAL_PROPERTY):
+        # their first change record decides it again, its tombstones still wait for one.
+        self._provisional: set[str] = set()
         # Last Connect schemas seen per topic, for records that arrive without one (see _with_known_schema).
         self._topic_schemas: dict[str, tuple[dict[str, Any] | None, dict[str, Any] | None]] = {}
         self._buffer: dict[str, TableBatch] = {}
@@ -222,14 +226,28 @@ class Pipeline:
         # commit: keep their columns and layout, or a later record of a conflicting type would pass the check and
         # fail the commit (stopping the service) instead of becoming a dead letter.
         # So do the rows of the commit in flight, which the table may not hold yet.
+        provisional = table is not None and table.properties.get(LAYOUT_PROVISIONAL_PROPERTY) == "true"
         seen: set[int] = set()
         for pending in (self._in_flight_buffer.get(name), self._buffer.get(name)):
-            if pending is not None and pending.schemas:
-                for buffered in pending.schemas:
-                    schema = merge_schemas(self.tables.identifier(name), schema, buffered)
-                    seen.add(id(buffered))
-                layout = layout or pending.layout.value
+            if pending is None or not pending.schemas:
+                continue
+            if layout is None:
+                provisional = pending.provisional_layout
+            elif provisional and not pending.provisional_layout:
+                provisional = False
+                if layout != pending.layout.value:  # its commit lays the table out again (BronzeTables.commit)
+                    schema, layout, seen = None, None, set()
+            elif pending.provisional_layout and layout != pending.layout.value:
+                continue  # tombstones only, which their commit conforms to the table's layout
+            for buffered in pending.schemas:
+                schema = merge_schemas(self.tables.identifier(name), schema, buffered)
+                seen.add(id(buffered))
+            layout = layout or pending.layout.value
         self._schemas[name], self._layouts[name], self._seen_schemas[name] = schema, layout, seen
+        if provisional:
+            self._provisional.add(name)
+        else:
+            self._provisional.discard(name)
 
     def _offsets(self, name: str) -> Offsets:
         committed = self._committed.get(name)
@@ -271,8 +289,16 @@ class Pipeline:
         return offset in window[2]
 
     # -- decode & buffer --------------------------------------------------------------------------------------
-    def _check_schema(self, name: str, schema: pa.Schema, row_layout: Layout) -> None:
-        """Reject (as a dead letter) a record whose columns cannot be unioned into the table's."""
+    def _check_schema(self, name: str, schema: pa.Schema, row_layout: Layout, change: bool = True) -> None:
+        """Reject (as a dead letter) a record whose columns cannot be unioned into the table's.
+
+        A change record (not a tombstone: ``change`` False) decides the layout of a table whose tombstones alone
+        decided it; the table's commit then lays it out again (BronzeTables.commit).
+        """
+        if change and name in self._provisional:
+            self._provisional.discard(name)
+            if self._layouts.get(name) != row_layout.value:
+                self._schemas[name], self._layouts[name], self._seen_schemas[name] = None, None, set()
         seen = self._seen_schemas.setdefault(name, set())
         if id(schema) in seen:
             return
@@ -308,11 +334,11 @@ class Pipeline:
 
     def _buffer_undecided_tombstones(self, name: str) -> None:
         """Buffer the tombstones that waited for ``name``'s layout (decided now, or at the flush by the first of
-        them); their records were counted as buffered when they came."""
+        them, provisionally); their records were counted as buffered when they came."""
         for record, envelope, ingested_at in self._undecided_tombstones.pop(name):
             try:
                 row = self._row(record, envelope, ingested_at, self._layouts.get(name))
-                self._check_schema(name, row.schema, row.layout)
+                self._check_schema(name, row.schema, row.layout, change=False)
             except (DecodeError, *UNFORESEEN_RECORD_ERRORS) as error:
                 self._reject(record, name, error, ingested_at)
                 continue
@@ -509,7 +535,7 @@ class Pipeline:
                         value_schema is not None and topic_schema[1] is not value_schema
                     ):
                         topic_schemas[topic] = (key_schema or topic_schema[0], value_schema or topic_schema[1])
-                if record.value is None and self._layouts.get(name) is None:
+                if record.value is None and (self._layouts.get(name) is None or name in self._provisional):
                     group.dropped.append(row)  # it waits for its table's layout (_undecided_tombstones)
                     self._accept_one(record, ingested_at)
                     continue
@@ -556,7 +582,9 @@ class Pipeline:
         Its outcome is the loop's: each group's schema is checked where the loop first meets it, a topic's last key
         and value schemas win, and each partition's offset is its last record's. False, with only the passed
         schema checks done (which the loop then finds done), when a schema check fails: the loop decides."""
-        undecided = {group.name for group in groups if self._layouts.get(group.name) is None}
+        undecided = {
+            group.name for group in groups if self._layouts.get(group.name) is None or group.name in self._provisional
+        }
         if undecided and any(
             record.value is None and cast(Group, members[position]).name in undecided
             for position, record in enumerate(records)
@@ -631,7 +659,7 @@ class Pipeline:
                 self._skip("heartbeat")
                 return
             layout = self._layouts.get(name)
-            if envelope.kind is RecordKind.TOMBSTONE and layout is None:
+            if envelope.kind is RecordKind.TOMBSTONE and (layout is None or name in self._provisional):
                 self._undecided_tombstones.setdefault(name, []).append((record, envelope, ingested_at))
                 self._note_buffered(record)
                 return
@@ -742,7 +770,11 @@ class Pipeline:
         with self._lock:
             self._finish_commit()
             for name in list(self._undecided_tombstones):  # no change record decided their table's layout
+                if self._layouts.get(name) is None:
+                    self._provisional.add(name)
                 self._buffer_undecided_tombstones(name)
+                if name in self._buffer:
+                    self._buffer[name].provisional_layout = name in self._provisional
             if not self._buffer:
                 return
             buffer, self._buffer = self._buffer, {}

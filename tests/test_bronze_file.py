@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import time
 from collections import Counter
@@ -16,6 +17,8 @@ from pyiceberg.table.snapshots import Operation
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import (
+    LAYOUT_PROPERTY,
+    LAYOUT_PROVISIONAL_PROPERTY,
     OFFSETS_PROPERTY,
     TRUNCATES_PROPERTY,
     UNAVAILABLE_PROPERTY,
@@ -27,6 +30,7 @@ from ingest.bronze.tables import (
     truncates_total,
 )
 from ingest.config import Settings
+from ingest.debezium.envelope import RawRecord
 from ingest.errors import ConfigError
 from ingest.lakehouse import load_catalog
 from tests.conftest import FIXTURES, file_pipeline, ingest_file, make_settings, topic_counts
@@ -795,7 +799,7 @@ def test_a_tombstone_first_leaves_its_tables_layout_to_the_changes(
     """Keys and values converted differently, and a compacted topic whose first record left is a tombstone: the
     tombstone's own layout (its key's) became the new table's, stored in its properties, and every change after it
     was a dead letter, for good. A tombstone of a table whose layout is not decided waits for the first change of
-    the flush to decide it (alone in a flush, it still decides it: docs/architecture.md, Bronze tables)."""
+    the flush to decide it (alone in a flush, provisionally: the next test)."""
     settings = make_settings(lakehouse)
     record_key, value = mixed_converters(typed_values)
     other_key = mixed_converters(not typed_values)[0]  # a tombstone whose key was converted like the values
@@ -807,6 +811,72 @@ def test_a_tombstone_first_leaves_its_tables_layout_to_the_changes(
     assert [(row["_cdc_offset"], row["op"]) for row in landed] == [(5, None), (6, None)] + [
         (7 + n, "u") for n in range(changes)
     ]
+
+
+@pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
+@pytest.mark.parametrize("changes", [2, 12], ids=["per-record", "fast-path"])
+@pytest.mark.parametrize("runs", ["one-run", "two-runs"])
+def test_a_flush_of_tombstones_alone_lays_its_table_out_until_a_change_comes(
+    lakehouse: Path, tmp_path: Path, typed_values: bool, changes: int, runs: str
+) -> None:
+    """Keys and values converted differently, and a compacted topic whose first records are tombstones, alone in a
+    flush (a quiet table, or `--once` on a topic that holds nothing else yet): the table is created in the layout
+    of their keys, provisionally. Its first change record lays it out again, in its own layout (the value
+    converter's), instead of becoming a dead letter, as every change after it did, for good. Tombstones that come
+    between wait for that change too. In one ingest run (the state in memory), or in two (the state read from the
+    table's properties)."""
+    settings = make_settings(lakehouse)
+    record_key, value = mixed_converters(typed_values)
+    first = [("p.s.t", 5, record_key, None), ("p.s.t", 6, record_key, None)]
+    rest = [("p.s.t", 7, record_key, None)]
+    rest += [("p.s.t", 8 + n, record_key, value({"id": 1, "name": f"a{n}"}, 20 + n, "u")) for n in range(changes)]
+    catalog = load_catalog(settings)
+    if runs == "two-runs":
+        ingest_file(settings, write_dump(tmp_path / "tombstones.jsonl", first), max_records=100)
+        properties = catalog.load_table("bronze.p_s_t").properties
+        assert properties[LAYOUT_PROPERTY] == ("json" if typed_values else "typed")  # the keys' layout
+        assert properties[LAYOUT_PROVISIONAL_PROPERTY] == "true"
+        pipeline = ingest_file(settings, write_dump(tmp_path / "changes.jsonl", rest), max_records=100)
+    else:  # the first flush holds the two tombstones alone
+        pipeline = ingest_file(settings, write_dump(tmp_path / "all.jsonl", first + rest), max_records=2)
+    assert pipeline.stats.dead_letters == 0
+    properties = catalog.load_table("bronze.p_s_t").properties
+    assert properties[LAYOUT_PROPERTY] == ("typed" if typed_values else "json")  # the values'
+    assert LAYOUT_PROVISIONAL_PROPERTY not in properties
+    landed = sorted(rows(settings, "p_s_t"), key=lambda row: row["_cdc_offset"])
+    assert [(row["_cdc_offset"], row["op"], row["_cdc_key_json"]) for row in landed] == [
+        (offset, None, '{"id":1}') for offset in (5, 6, 7)
+    ] + [(8 + n, "u", '{"id":1}') for n in range(changes)]
+    assert [row["after"] for row in landed[3:]] == [
+        {"id": 1, "name": f"a{n}"} if typed_values else orjson.dumps({"id": 1, "name": f"a{n}"}).decode()
+        for n in range(changes)
+    ]
+
+
+@pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
+def test_tombstones_laid_out_before_another_writer_laid_their_table_out_again_still_land(
+    lakehouse: Path, tmp_path: Path, typed_values: bool
+) -> None:
+    """Two ingesters: one holds tombstones for a table whose layout tombstones alone decided, while the other lands
+    the table's first change, which lays it out again. The first one's tombstones then land in the new layout
+    (their key in _cdc_key_json) instead of failing the commit."""
+    settings = make_settings(lakehouse)
+    record_key, value = mixed_converters(typed_values)
+    ingest_file(settings, write_dump(tmp_path / "tombstones.jsonl", [("p.s.t", 5, record_key, None)]))
+    holder = file_pipeline(settings, tmp_path / "tombstones.jsonl")
+    holder.accept(RawRecord("p.s.t", 0, 30, None, orjson.dumps(record_key), None), dt.datetime.now(dt.UTC))
+    change = [("p.s.t", 7, record_key, value({"id": 1, "name": "a"}, 20, "c"))]
+    ingest_file(settings, write_dump(tmp_path / "change.jsonl", change))
+    holder.flush()
+    landed = sorted(rows(settings, "p_s_t"), key=lambda row: row["_cdc_offset"])
+    assert [(row["_cdc_offset"], row["op"], row["_cdc_key_json"]) for row in landed] == [
+        (5, None, '{"id":1}'),
+        (7, "c", '{"id":1}'),
+        (30, None, '{"id":1}'),
+    ]
+    assert load_catalog(settings).load_table("bronze.p_s_t").properties[LAYOUT_PROPERTY] == (
+        "typed" if typed_values else "json"
+    )
 
 
 def test_topics_whose_default_names_collide_are_refused(lakehouse: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 import pyarrow as pa
@@ -31,12 +31,15 @@ from ingest.bronze.columnar import conform_table, drop_committed
 from ingest.bronze.dead_letters import dead_lettered_offsets
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
-from ingest.errors import CommitError, DecodeError
+from ingest.errors import CommitError, DecodeError, TypeConflictError
 
 log = logging.getLogger(__name__)
 
 OFFSETS_PROPERTY = "cdclake.offsets"
 LAYOUT_PROPERTY = "cdclake.layout"
+# "true" while the table holds tombstones only, whose layout follows the key converter: the first change record's
+# layout (the value converter's) replaces it (BronzeTables.commit).
+LAYOUT_PROVISIONAL_PROPERTY = "cdclake.layout-provisional"
 KIND_PROPERTY = "cdclake.kind"
 COMMIT_ID_PROPERTY = "cdclake.commit-id"
 # Snapshot summary: how many truncate records (op 't') the table's appends hold up to this snapshot. Two snapshots'
@@ -100,6 +103,36 @@ def _tp(row: Mapping[str, object]) -> tuple[str, int]:
     return (row["_cdc_topic"], row["_cdc_partition"])  # type: ignore[return-value]
 
 
+def _conflicting_columns(current: pa.Schema, incoming: pa.Schema) -> list[str]:
+    """The top-level columns of ``current`` that ``incoming`` types otherwise, beyond widening."""
+    conflicting = []
+    for column in current:
+        index = incoming.get_field_index(column.name)
+        if index < 0:
+            continue
+        try:
+            merge_schemas("", pa.schema([column]), pa.schema([incoming.field(index)]))
+        except TypeConflictError:
+            conflicting.append(column.name)
+    return conflicting
+
+
+def _conformed(batch: TableBatch, table: Table) -> TableBatch:
+    """A batch of tombstones only (``provisional_layout``) for a table that another writer laid out otherwise:
+    in its layout, without the columns it types otherwise (their keys stay in _cdc_key_json)."""
+    table_schema = normalized(table.schema().as_arrow())
+    dropped: set[str] = set()
+    for schema in batch.schemas:
+        dropped.update(_conflicting_columns(schema, table_schema))
+    return replace(
+        batch,
+        layout=Layout(table.properties[LAYOUT_PROPERTY]),
+        schemas=[pa.schema([f for f in schema if f.name not in dropped]) for schema in batch.schemas],
+        rows=[{k: v for k, v in row.items() if k not in dropped} for row in batch.rows],
+        tables=[part.drop_columns([c for c in part.column_names if c in dropped]) for part in batch.tables],
+    )
+
+
 DEAD_LETTER_KIND = "dead_letter"  # TableBatch.kind of the dead-letter table's batches
 
 
@@ -115,6 +148,8 @@ class TableBatch:
     # Rows the fast path built as Arrow tables (see ingest.bronze.columnar), in addition to ``rows``.
     tables: list[pa.Table] = field(default_factory=list)
     offsets: Offsets = field(default_factory=dict)
+    # Tombstones only, of a table no change record laid out: ``layout`` is their key's (LAYOUT_PROVISIONAL_PROPERTY).
+    provisional_layout: bool = False
 
 
 class BronzeTables:
@@ -146,6 +181,8 @@ class BronzeTables:
 
     def _create(self, batch: TableBatch, schema: pa.Schema) -> Table:
         properties = {**TABLE_PROPERTIES, LAYOUT_PROPERTY: batch.layout.value, KIND_PROPERTY: batch.kind}
+        if batch.provisional_layout:
+            properties[LAYOUT_PROVISIONAL_PROPERTY] = "true"
         try:
             # Schema, properties and partition spec in one commit: a crash cannot leave an unpartitioned table.
             transaction = self.catalog.create_table_transaction(
@@ -161,6 +198,31 @@ class BronzeTables:
             if existing is None:
                 raise
             return existing
+
+    def _lay_out_again(self, table: Table, batch: TableBatch) -> Table:
+        """The layout of ``batch``'s change records for a table that holds tombstones only (laid out like their
+        keys): the columns the two layouts type differently are dropped (a tombstone's key stays in _cdc_key_json)
+        and come back with the changes' types."""
+        incoming: pa.Schema | None = None
+        for schema in batch.schemas:
+            incoming = merge_schemas(self.identifier(batch.name), incoming, schema)
+        assert incoming is not None
+        current = normalized(table.schema().as_arrow())
+        conflicting = _conflicting_columns(current, incoming)
+        log.info(
+            "bronze table %s: laid out as %s (its first change record), no longer as its tombstones' keys (%s)%s",
+            self.identifier(batch.name),
+            batch.layout.value,
+            table.properties.get(LAYOUT_PROPERTY),
+            f"; columns dropped to take their new types: {', '.join(conflicting)}" if conflicting else "",
+        )
+        with table.transaction() as transaction:
+            if conflicting:
+                with transaction.update_schema() as update:
+                    for name in conflicting:
+                        update.delete_column(name)
+            transaction.set_properties({LAYOUT_PROPERTY: batch.layout.value})
+        return self.catalog.load_table(self.identifier(batch.name))
 
     def commit(self, batch: TableBatch, on_retry: Callable[[str], None] | None = None) -> int:
         """Append ``batch`` and its offsets in one commit, retrying on conflicts (``on_retry`` is told the table's
@@ -183,6 +245,12 @@ class BronzeTables:
 
     def _commit_once(self, batch: TableBatch) -> int:
         table = self.load(batch.name)
+        provisional = table is not None and table.properties.get(LAYOUT_PROVISIONAL_PROPERTY) == "true"
+        if table is not None and table.properties.get(LAYOUT_PROPERTY, batch.layout.value) != batch.layout.value:
+            if provisional and not batch.provisional_layout:
+                table = self._lay_out_again(table, batch)
+            elif batch.provisional_layout:
+                batch = _conformed(batch, table)
         current = None if table is None else normalized(table.schema().as_arrow())
         target = current
         for schema in batch.schemas:
@@ -236,6 +304,8 @@ class BronzeTables:
         with table.transaction() as transaction:
             append(transaction, data, summary)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
+            if provisional and not batch.provisional_layout:
+                transaction.remove_properties(LAYOUT_PROVISIONAL_PROPERTY)
         log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)
 
