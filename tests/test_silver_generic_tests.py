@@ -133,6 +133,18 @@ def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: 
                     f"update {table} set _cdc_valid_to = null where id = 4 and _cdc_valid_from[0] = 12"
                 ).collect(),
             ),
+            # key 1's current version stored again, as a replay at an earlier offset closed where it starts: every
+            # version once by offset, none overlapping, one current
+            (
+                "cdclake_keys_unique",
+                lambda: (
+                    rows.withColumn("_cdc_offset", F.col("_cdc_offset") - 1)
+                    .withColumn("_cdc_valid_to", F.col("_cdc_valid_from"))
+                    .withColumn("_cdc_is_current", F.lit(False))
+                    .writeTo(table)
+                    .append()
+                ),
+            ),
         ]
     try:
         for test, corruption in corruptions:

@@ -16,9 +16,10 @@
 {%- endmacro %}
 
 
-{#- Each key appears once in silver (in a history table: once among the current rows, each version once, and a
-    key's versions follow one another: each ends where the next starts, or before it where a hard delete or a
-    truncate ended it; only the last may be open, and open is current). -#}
+{#- Each key appears once in silver (in a history table: once among the current rows, each version once, also
+    when replayed at another offset (the same position, op and image as the key's version before it: scd2.sql
+    keeps the first copy), and a key's versions follow one another: each ends where the next starts, or before it
+    where a hard delete or a truncate ended it; only the last may be open, and open is current). -#}
 {% test cdclake_keys_unique(model, keys) %}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
@@ -33,6 +34,21 @@
   from {{ model }}
   group by {{ by_key }}, _cdc_valid_from, _cdc_op, _cdc_offset
   having count(*) > 1
+  union all
+  {%- set values = [] -%}
+  {%- for column in shape.columns %}{% if column.name not in keys and (column.name == '_cdc_document' or not column.name.startswith('_cdc_')) %}{% do values.append(column.name) %}{% endif %}{% endfor %}
+  select 'version stored again at another offset' as problem, {{ by_key }}, count(*) as copies
+  from (
+    select {{ by_key }}, _cdc_identity,
+      lag(_cdc_identity) over (partition by {{ by_key }} order by _cdc_valid_from, {{ cdclake.op_rank('_cdc_op') }}, _cdc_offset) as _cdc_previous
+    from (
+      select *, named_struct('o', _cdc_valid_from, 'op', _cdc_op,
+        'v', to_json(named_struct('v', ''{% for column in values %}, 'c{{ loop.index }}', {{ cdclake.quote(column) }}{% endfor %}))) as _cdc_identity
+      from {{ model }}
+    ) identified
+  ) versions
+  where _cdc_identity = _cdc_previous
+  group by {{ by_key }}
   union all
   select 'versions overlap or an open version is not current' as problem, {{ by_key }}, count(*) as copies
   from (
