@@ -31,7 +31,7 @@ if os.environ.get("CI"):
 # two SCD2 tests took 65 s of JVM CPU instead of 103. C1 alone reserves only 48 MB for compiled code, which Spark's
 # generated classes fill: the code cache sweeper then flushed methods that C1 compiled again (34 of 145 JVM
 # CPU-seconds in those two threads for test_silver_schema_changes.py, 140 s; with 240 MB, tiered compilation's
-# default, 94 CPU-seconds and 113 s). JIT settings, not Spark ones: Spark's stay the defaults.
+# default, 94 CPU-seconds and 113 s). JIT settings; the Spark ones follow.
 TEST_JAVA_OPTIONS = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 # Spark's execution strategy for statements over a few rows, not its semantics: compiling generated code (whole-stage
 # and per expression; factoryMode is the switch Spark's own tests use for its interpreted paths) and re-planning each
