@@ -332,6 +332,11 @@ class Pipeline:
                 "'dead_letter' lands such records in the dead-letter table instead)"
             ) from error
 
+    def _tombstones_wait(self, name: str) -> bool:
+        """Whether ``name``'s tombstones wait for a change record (_undecided_tombstones): no change record decided
+        its layout yet."""
+        return self._layouts.get(name) is None or name in self._provisional
+
     def _buffer_undecided_tombstones(self, name: str) -> None:
         """Buffer the tombstones that waited for ``name``'s layout (decided now, or at the flush by the first of
         them, provisionally); their records were counted as buffered when they came."""
@@ -535,7 +540,7 @@ class Pipeline:
                         value_schema is not None and topic_schema[1] is not value_schema
                     ):
                         topic_schemas[topic] = (key_schema or topic_schema[0], value_schema or topic_schema[1])
-                if record.value is None and (self._layouts.get(name) is None or name in self._provisional):
+                if record.value is None and self._tombstones_wait(name):
                     group.dropped.append(row)  # it waits for its table's layout (_undecided_tombstones)
                     self._accept_one(record, ingested_at)
                     continue
@@ -582,9 +587,7 @@ class Pipeline:
         Its outcome is the loop's: each group's schema is checked where the loop first meets it, a topic's last key
         and value schemas win, and each partition's offset is its last record's. False, with only the passed
         schema checks done (which the loop then finds done), when a schema check fails: the loop decides."""
-        undecided = {
-            group.name for group in groups if self._layouts.get(group.name) is None or group.name in self._provisional
-        }
+        undecided = {group.name for group in groups if self._tombstones_wait(group.name)}
         if undecided and any(
             record.value is None and cast(Group, members[position]).name in undecided
             for position, record in enumerate(records)
@@ -659,7 +662,7 @@ class Pipeline:
                 self._skip("heartbeat")
                 return
             layout = self._layouts.get(name)
-            if envelope.kind is RecordKind.TOMBSTONE and (layout is None or name in self._provisional):
+            if envelope.kind is RecordKind.TOMBSTONE and self._tombstones_wait(name):
                 self._undecided_tombstones.setdefault(name, []).append((record, envelope, ingested_at))
                 self._note_buffered(record)
                 return
@@ -770,11 +773,10 @@ class Pipeline:
         with self._lock:
             self._finish_commit()
             for name in list(self._undecided_tombstones):  # no change record decided their table's layout
-                if self._layouts.get(name) is None:
-                    self._provisional.add(name)
+                self._provisional.add(name)
                 self._buffer_undecided_tombstones(name)
                 if name in self._buffer:
-                    self._buffer[name].provisional_layout = name in self._provisional
+                    self._buffer[name].provisional_layout = True
             if not self._buffer:
                 return
             buffer, self._buffer = self._buffer, {}
