@@ -1,5 +1,6 @@
-"""Iceberg snapshot lineage as `cdclake status` and `cdclake maintain` read it, and the silver property that names
-the bronze snapshot silver has applied (written by the dbt package's cdc_silver materialization)."""
+"""Iceberg snapshot lineage as `cdclake status` and `cdclake maintain` read it, and the silver properties that name
+the bronze snapshot silver has applied and bronze's row count there (written by the dbt package's cdc_silver
+materialization)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
+APPLIED_RECORDS_PROPERTY = "cdclake.bronze_records"
 
 
 def ancestors(table: Table) -> Iterator[Snapshot]:

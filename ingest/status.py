@@ -31,7 +31,7 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.errors import ConfigError
-from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPart
 
 
 # -- silver -----------------------------------------------------------------------------------------------------------
-def _parse_snapshot_id(value: str | None) -> int | None:
+def _parse_int(value: str | None) -> int | None:
     try:
         return None if value is None else int(value)
     except ValueError:
@@ -362,11 +362,12 @@ def _parse_snapshot_id(value: str | None) -> int | None:
 
 
 def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus:
-    applied = _parse_snapshot_id(silver.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+    applied = _parse_int(silver.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+    applied_records = _parse_int(silver.properties.get(APPLIED_RECORDS_PROPERTY))
     current = silver.current_snapshot()
     last_commit = None if current is None else _utc_ms(current.timestamp_ms)
     applied_snapshot = None if applied is None else bronze.snapshot_by_id(applied)
-    behind, since = _behind(bronze, applied, last_commit)
+    behind, since = _behind(bronze, applied, applied_records, last_commit)
     return SilverStatus(
         table=identifier,
         applied_snapshot_id=applied,
@@ -379,9 +380,12 @@ def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus
 
 
 def _behind(
-    bronze: Table, applied: int | None, silver_commit: dt.datetime | None
+    bronze: Table, applied: int | None, applied_records: int | None, silver_commit: dt.datetime | None
 ) -> tuple[bool | None, dt.datetime | None]:
-    """Whether bronze holds rows silver has not applied, and since when (the first such bronze commit)."""
+    """Whether bronze holds rows silver has not applied, and since when (the first such bronze commit).
+
+    ``applied_records``: bronze's row count at the applied snapshot, as silver recorded it (None for a silver table
+    from before cdclake recorded it)."""
     current = bronze.current_snapshot()
     if current is None:
         return False, None
@@ -399,8 +403,14 @@ def _behind(
         return True, _utc_ms(min(s.timestamp_ms for s in data))
     if found:
         return False, None
-    # The applied snapshot has been expired and every retained snapshot is a rewrite: compare times instead.
+    # The applied snapshot has been expired and every retained snapshot is a rewrite. Bronze is append-only and a
+    # rewrite keeps its row count: more rows than at the applied snapshot are rows silver has not applied. When
+    # they came is gone with their snapshots; the newest ingest time is the latest they can have come.
     ingested = column_max_timestamp(bronze, INGESTED_AT_COLUMN)
+    records = total_records(bronze)
+    if applied_records is not None and records is not None:
+        return (True, ingested) if records > applied_records else (False, None)
+    # A silver table without the count: compare times (silver's commit time, which its own compaction moves on).
     if ingested is not None and silver_commit is not None and ingested > silver_commit:
         return True, ingested
     return False, None

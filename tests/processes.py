@@ -1,7 +1,8 @@
 """Child processes for tests: `cdclake ARGS` run as a real process with its output collected line by line.
 
-Each child gets a runtime directory of its own under the test's root (``CDCLAKE_RUNTIME_DIR``: the project's jars
-and binaries linked, a dbt profile and Spark warehouse of its own), so concurrent children never collide.
+Each child gets a runtime directory of its own under the test's root (``CDCLAKE_RUNTIME_DIR``: the project's jars,
+binaries and JVM class archive linked, a dbt profile and Spark warehouse of its own), so concurrent children never
+collide.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def cdclake_command() -> str:
 
 
 def isolated_runtime(root: Path) -> Path:
-    """A runtime directory with the project's jars and binaries, and a dbt profile and warehouse of its own."""
+    """A runtime directory with the project's jars, binaries and JVM class archive, and a dbt profile and warehouse
+    of its own."""
     try:
         from ingest.lakehouse import spark_jars
 
@@ -46,9 +48,9 @@ def isolated_runtime(root: Path) -> Path:
         missing_runtime(str(exc))
     runtime = root / "runtime"
     runtime.mkdir(parents=True, exist_ok=True)
-    for name in ("jars", "bin"):
+    for name in ("jars", "bin", "jvm"):
         link = runtime / name
-        if not link.exists():
+        if not link.exists() and (runtime_dir() / name).exists():
             link.symlink_to(runtime_dir() / name)
     return runtime
 

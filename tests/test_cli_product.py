@@ -15,6 +15,7 @@ import orjson
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner, Result
+from pyiceberg.table.snapshots import Operation
 
 from ingest.broker import Record, TansuBroker
 from ingest.bronze.naming import DEAD_LETTER_TABLE
@@ -29,7 +30,7 @@ from ingest.maintenance import (
     spark_error_line,
     timestamp_literal,
 )
-from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
 from ingest.status import (
     PartitionStatus,
     Watermarks,
@@ -86,8 +87,13 @@ def bronze_offsets(settings: Settings) -> dict[str, Any]:
 
 
 def make_silver(settings: Settings, name: str, applied_snapshot: int, applied_at: dt.datetime) -> None:
-    """A silver table as the cdc_silver materialization leaves it (metadata columns + applied bronze snapshot)."""
+    """A silver table as the cdc_silver materialization leaves it (metadata columns, the applied bronze snapshot and
+    bronze's row count there)."""
     catalog = load_catalog(settings)
+    applied = catalog.load_table(f"{settings.lakehouse.bronze_namespace}.{name}").snapshot_by_id(applied_snapshot)
+    assert applied is not None
+    assert applied.summary is not None
+    applied_records = applied.summary["total-records"]
     namespace = settings.lakehouse.silver_namespace
     catalog.create_namespace_if_not_exists(namespace)
     schema = pa.schema(
@@ -125,7 +131,9 @@ def make_silver(settings: Settings, name: str, applied_snapshot: int, applied_at
         )
     )
     with table.transaction() as transaction:
-        transaction.set_properties({APPLIED_SNAPSHOT_PROPERTY: str(applied_snapshot)})
+        transaction.set_properties(
+            {APPLIED_SNAPSHOT_PROPERTY: str(applied_snapshot), APPLIED_RECORDS_PROPERTY: str(applied_records)}
+        )
 
 
 # -- sql: statements and values (no Spark) ----------------------------------------------------------------------------
@@ -781,6 +789,27 @@ def test_maintain_bronze_keeps_offsets_and_rows(spark_lakehouse: SparkLakehouse,
     assert kept[0] == applied
     assert customers_snapshots[0] not in kept
     assert not orphan.exists()
+
+    # Another tool expires bronze down to its last snapshot, silver's applied one too: a rewrite is all that is
+    # left. Silver is still behind (it applied only the 2nd of the commits compacted there), though it committed
+    # after every ingest; status tells from bronze's row count, which silver recorded at the applied snapshot.
+    spark_lakehouse.spark.sql(
+        f"call {settings.lakehouse.catalog_name}.system.expire_snapshots(table => 'mt_bronze.{CUSTOMERS}', "
+        f"older_than => {timestamp_literal(dt.datetime.now(dt.UTC))}, retain_last => 1)"
+    )
+    bronze = catalog.load_table(f"mt_bronze.{CUSTOMERS}")
+    assert [s.snapshot_id for s in bronze.snapshots()] == [bronze.current_snapshot().snapshot_id]
+    assert bronze.current_snapshot().summary.operation == Operation.REPLACE
+    silver = {t.name: t.silver for t in collect_status(settings).tables}[CUSTOMERS]
+    assert silver is not None
+    assert silver.behind is True, silver
+    assert silver.applied_snapshot_at is None  # expired
+    # Once silver has applied every row bronze holds, it is not behind.
+    with catalog.load_table(f"mt_silver.{CUSTOMERS}").transaction() as transaction:
+        transaction.set_properties({APPLIED_RECORDS_PROPERTY: str(rows_before[CUSTOMERS])})
+    silver = {t.name: t.silver for t in collect_status(settings).tables}[CUSTOMERS]
+    assert silver is not None
+    assert silver.behind is False, silver
 
     # The stream moves on: exactly the new records land, after the compacted and expired history.
     moved_on = ingest_file(settings, extended_dump(tmp_path / "more.jsonl", 3))

@@ -10,6 +10,7 @@ import pytest
 
 from ingest import jvm_archive
 from ingest.lakehouse import RUNTIME_DIR_ENV
+from tests.conftest import make_settings
 from tests.spark_fixtures import SparkLakehouse
 
 
@@ -72,6 +73,26 @@ def test_the_key_names_the_jdk_pyspark_and_jars(runtime: Path) -> None:
 
 
 @pytest.mark.spark
+def test_the_dbt_profiles_driver_maps_it_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdclake dbt` (and plain dbt with the profile it writes) starts its driver from the profile's Spark settings
+    (dbt-spark's session method), not through cdclake's session: the archive must be in them as well."""
+    from ingest.dbt_runner import profile
+    from ingest.lakehouse import runtime_dir
+
+    jars = runtime_dir() / "jars"
+    if not jars.is_dir():
+        pytest.skip("no jars: `make setup` assembles them")
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "runtime"))
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "runtime" / "jars").symlink_to(jars)
+    settings = make_settings(tmp_path / "lake")
+    options = profile(settings)["cdclake"]["outputs"]["session"]["server_side_parameters"]
+    assert "SharedArchiveFile" not in options["spark.driver.extraJavaOptions"]
+    written = archive(tmp_path / "runtime", "any")
+    options = profile(settings)["cdclake"]["outputs"]["session"]["server_side_parameters"]
+    assert f"-XX:SharedArchiveFile={written}" in options["spark.driver.extraJavaOptions"].split()
+
+
 def test_the_sessions_driver_was_started_with_the_archive_setup_wrote(spark_lakehouse: SparkLakehouse) -> None:
     written = jvm_archive.current_archive()
     assert written is not None, "`make setup` writes the archive (scripts/setup_runtime.sh): none found"

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pyiceberg.catalog import Catalog
 
 from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import load_catalog, warehouse_uri
 from ingest.maintenance import timestamp_literal
+from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY
 from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
@@ -227,7 +229,10 @@ def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
     deleted = harness.rows(tombstones, "id, _cdc_order, _cdc_deleted_at", "id")
     assert [row["id"] for row in deleted] == [2]
     catalog = load_catalog(harness.settings)
-    applied = int(catalog.load_table(f"silver.{topic.table}").properties["cdclake.bronze_snapshot_id"])
+    silver_properties = catalog.load_table(f"silver.{topic.table}").properties
+    applied = int(silver_properties[APPLIED_SNAPSHOT_PROPERTY])
+    # With bronze's row count there (what `cdclake status` compares once the snapshot is expired).
+    assert silver_properties[APPLIED_RECORDS_PROPERTY] == records_at(catalog, f"bronze.{topic.table}", applied)
     # Two appends after the applied snapshot, of which only the last one's snapshot is kept: a read of the
     # snapshots that remain would miss key 3.
     harness.land(topic, [Change(C, 3, 5, "c")], dumps)
@@ -253,8 +258,20 @@ def test_a_run_whose_applied_bronze_snapshot_expired_rereads_all_of_bronze(
     # which tombstone_horizon_days counts (it was set anew, putting off the purge).
     assert harness.rows(tombstones, "id, _cdc_order, _cdc_deleted_at", "id") == deleted
     # The run recorded bronze's current snapshot: the next one has nothing to do.
+    silver_properties = catalog.load_table(f"silver.{topic.table}").properties
+    current = int(silver_properties[APPLIED_SNAPSHOT_PROPERTY])
+    assert current == remaining[0]
+    assert silver_properties[APPLIED_RECORDS_PROPERTY] == records_at(catalog, bronze, current)
     assert harness.build(topic)
     assert harness.silver(topic, "true" if history == "current" else "_cdc_is_current") == {1: "a3", 3: "c"}
+
+
+def records_at(catalog: Catalog, table: str, snapshot_id: int) -> str:
+    """Bronze's row count at a snapshot, as its summary says (``total-records``)."""
+    snapshot = catalog.load_table(table).snapshot_by_id(snapshot_id)
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    return str(snapshot.summary["total-records"])
 
 
 def main_steps(harness: SilverHarness, topic: Topic, since: int) -> list[int]:

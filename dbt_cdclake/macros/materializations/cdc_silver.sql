@@ -36,8 +36,9 @@
      cannot broadcast the changes.) A unit of hard deletes only is one DELETE on main;
   4. tombstones: a matched-only MERGE for touched keys that have one, an INSERT for new ones; each skipped when
      there is nothing to do;
-  5. `cdclake.bronze_snapshot_id`, `cdclake.applied_position` and `cdclake.truncated_before` are set in one
-     commit: a run killed before re-applies the same unit, which is idempotent;
+  5. `cdclake.bronze_snapshot_id` (and `cdclake.bronze_records`), `cdclake.applied_position` and
+     `cdclake.truncated_before` are set in one commit: a run killed before re-applies the same unit, which is
+     idempotent;
   6. the batch tables other runs left are dropped, only now: a run that fails drops none, so two overlapping runs
      cannot each drop the other's and both fail.
 -#}
@@ -113,7 +114,7 @@
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
-    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ recorded ~ cdclake.signature_property(layout, properties) ~ ")") %}
+    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
@@ -215,7 +216,7 @@
       {%- endif -%}
     {%- endif -%}
     {% do cdclake.drop_folded_images(layout, folded) %}
-    {%- set updates = ["'cdclake.bronze_snapshot_id' = '" ~ end ~ "'" ~ cdclake.signature_property(layout, properties)] -%}
+    {%- set updates = [cdclake.applied_snapshot_properties(snapshots) ~ cdclake.signature_property(layout, properties)] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
     {%- if existing is not none and run.schema != run.previous_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ run.schema ~ "'") %}{% endif -%}
@@ -386,6 +387,16 @@
 {#- Soft-deleted rows past the tombstone horizon (tombstone_horizon_days) leave silver. -#}
 {% macro soft_delete_purge_sql(relation, horizon) -%}
   delete from {{ relation }} where _cdc_deleted and _cdc_deleted_at < current_timestamp() - interval {{ horizon | int }} days
+{%- endmacro %}
+
+
+{#- `'cdclake.bronze_snapshot_id' = '<id>'`: the bronze snapshot `snapshots` (bronze_snapshots) ends at, which this
+    run applied; with `, 'cdclake.bronze_records' = '<n>'`, bronze's row count there. Bronze is append-only and its
+    compaction keeps the count: `cdclake status` tells whether silver is behind from it once the snapshot itself has
+    been expired and only rewrites follow it. -#}
+{% macro applied_snapshot_properties(snapshots) -%}
+  'cdclake.bronze_snapshot_id' = '{{ snapshots.end }}'
+  {%- if snapshots.end_records is not none %}, 'cdclake.bronze_records' = '{{ snapshots.end_records | int }}'{% endif -%}
 {%- endmacro %}
 
 
