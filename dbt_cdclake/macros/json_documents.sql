@@ -78,16 +78,13 @@
 {%- endmacro %}
 
 
-{#- Object `c` with key `k` set to raw JSON `v` (replaced in place, or appended). Either way the object is written
-    anew, compact: the same edits of the same document give the same text however it was spaced (a replayed
-    update must equal the version it repeats, scd2.sql). -#}
+{#- Object `c` with key `k` set to raw JSON `v` (replaced in place, or appended: array_distinct keeps the first of
+    each key, in order). Either way the object is written anew, compact: the same edits of the same document give
+    the same text however it was spaced (a replayed update must equal the version it repeats, scd2.sql). -#}
 {% macro json_object_set(c, k, v, event) -%}
   {%- set x = '_cdc_x' -%}
-  case when array_contains(json_object_keys({{ c }}), {{ k }}) then
-      concat('{', array_join(transform(json_object_keys({{ c }}), {{ x }} -> concat({{ cdclake.json_quoted(x) }}, ':',
-        case when {{ x }} = {{ k }} then {{ v }} else {{ cdclake.json_member(c, x, event) }} end)), ','), '}')
-    else concat('{', array_join(transform(concat(json_object_keys({{ c }}), array({{ k }})), {{ x }} -> concat({{ cdclake.json_quoted(x) }}, ':',
-        case when {{ x }} = {{ k }} then {{ v }} else {{ cdclake.json_member(c, x, event) }} end)), ','), '}') end
+  concat('{', array_join(transform(array_distinct(concat(json_object_keys({{ c }}), array({{ k }}))), {{ x }} -> concat({{ cdclake.json_quoted(x) }}, ':',
+    case when {{ x }} = {{ k }} then {{ v }} else {{ cdclake.json_member(c, x, event) }} end)), ','), '}')
 {%- endmacro %}
 
 

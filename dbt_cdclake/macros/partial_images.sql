@@ -48,7 +48,20 @@
   {#- Written once to a table of this run: the folding expressions are large, and each statement that read them
       as a view, or as a cached relation (which keeps the plan it was made from), analyzed, canonicalized and
       printed them again for Spark's listeners: 30-40 s per statement on a few rows. A table reads as a scan. -#}
-  {% do run_query('create table ' ~ folded ~ ' using iceberg as ' ~ cdclake.fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder)) %}
+  {%- set fold = cdclake.fold_setup(bronze, changes, layout, delete_mode, history, placeholder) -%}
+  {%- set segments = cdclake.fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
+  {%- set images = cdclake.fold_images_sql(changes, layout, fold, placeholder) -%}
+  {%- if layout.document -%}
+    {#- In two statements: Spark's analyzer passes over a whole query once per level of nesting of its deepest
+        expression, and a document's two large ones (the edits read from the change, their fold) come one after
+        the other: analyzed apart, each pass covers only one of them (a fold took 2.6 s instead of 3.3-4.2). -#}
+    {%- set staged = cdclake.scratch_table(layout, 'folding') -%}
+    {% do run_query('create table ' ~ staged ~ ' using iceberg as with ' ~ segments ~ ' select * from ' ~ fold.staged) %}
+    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ fold.staged ~ ' as (select * from ' ~ staged ~ ')' ~ (', ' if fold.staged == 'segmented' else ' ') ~ images) %}
+    {% do run_query('drop table if exists ' ~ staged ~ ' purge') %}
+  {%- else -%}
+    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ segments ~ ' ' ~ images) %}
+  {%- endif -%}
   {%- if layout.document -%}
     {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
     {%- if errors | length -%}
@@ -172,20 +185,30 @@
 {%- endmacro %}
 
 
-{% macro fold_partial_images_sql(bronze, changes, layout, types, target, tombstones, delete_mode, history, placeholder=none) -%}
+{#- What the fold's SQL derives from the model: `changes`' columns, the image's fields (typed images), the key
+    columns' names in the fold, and which folds it needs: `every`, since current state needs the fold of each
+    key's last change only, while history needs every version's, and so do soft deletes (a winning delete keeps
+    the values of the key's last change before it, net_effect_sql); `pre_image`, for MongoDB's *_with_pre_image
+    capture modes, where an update's `before` is the whole document before it (documents folding placeholders
+    keep theirs: an image's `before` is not its previous value there). -#}
+{% macro fold_setup(bronze, changes, layout, delete_mode, history, placeholder) -%}
   {%- set columns = run_query('select * from ' ~ changes ~ ' where false').column_names -%}
-  {%- set fields = [] if layout.document else cdclake.struct_field_names(bronze, 'after') -%}
   {%- set partition = [] -%}
   {%- for key in layout.key_columns %}{% do partition.append('_cdc_fk' ~ loop.index0) %}{% endfor -%}
-  {%- set scd2 = history == 'scd2' -%}
-  {#- Current state needs the fold of each key's last change only; history needs every version's, and so do soft
-      deletes (a winning delete keeps the values of the key's last change before it, net_effect_sql). -#}
-  {%- set every = scd2 or delete_mode == 'soft' -%}
-  {%- set frame = 'current row' if not layout.document else 'unbounded following' -%}
-  {#- MongoDB's *_with_pre_image capture modes: an update's `before` is the whole document before it (documents
-      folding placeholders keep theirs: an image's `before` is not its previous value there). -#}
-  {%- set pre_image = layout.document and placeholder is none and 'before' in columns -%}
-with unit as (
+  {{ return({
+      'columns': columns, 'fields': [] if layout.document else cdclake.struct_field_names(bronze, 'after'),
+      'partition': partition, 'scd2': history == 'scd2', 'every': history == 'scd2' or delete_mode == 'soft',
+      'pre_image': layout.document and placeholder is none and 'before' in columns,
+      'staged': 'segmented' if layout.document and (history == 'scd2' or delete_mode == 'soft') else 'folded'}) }}
+{%- endmacro %}
+
+
+{#- The fold in SQL (`fold`: fold_setup), in two parts: fold_segments_sql gives the common table expressions up to
+    `segmented` (the unit's changes and the keys' prior states as images, in segments that each start with a full
+    image), fold_images_sql the ones after it and the query: the unit's rows with `after` folded. -#}
+{% macro fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder=none) -%}
+  {%- set columns, fields, partition, scd2 = fold.columns, fold.fields, fold.partition, fold.scd2 -%}
+unit as (
   select
     struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
     {%- for key in layout.key_columns %}
@@ -250,7 +273,36 @@ segmented as (
     {#- The newest prior state (silver's row, a tombstone, a truncate): a change older than it cannot apply. -#}
     max(case when _cdc_pos.p = 0 then _cdc_pos end) over (partition by {{ partition | join(', ') }}) as _cdc_floor
   from events
-),
+)
+{%- if not (layout.document and fold.every) %},
+{#- Each row with what its segment holds before it (typed images: each value's last carried one) or, documents, in
+    all (the base to fold onto and the segment's edits in order: only its last change is folded). #}
+folded as (
+  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor,
+    {%- if layout.document %}
+    _cdc_doc,
+    first_value(_cdc_doc) over segment as _cdc_base,
+    {%- if fold.pre_image %}
+    {#- A segment without a full image (its first row is an update, not a prior state): the first update's
+        pre-image is its base. #}
+    first_value(_cdc_row.before) over segment as _cdc_pre_image,
+    {%- endif %}
+    flatten(transform(sort_array(collect_list(case when not _cdc_full then struct(_cdc_pos, _cdc_edits) end) over segment),
+      _cdc_p -> _cdc_p._cdc_edits)) as _cdc_edit_list
+    {%- else %}
+    {%- for field in fields %}
+    last_value(_cdc_v{{ loop.index0 }}, true) over segment as _cdc_v{{ loop.index0 }}{% if not loop.last %},{% endif %}
+    {%- endfor %}
+    {%- endif %}
+  from segmented
+  window segment as (partition by {{ partition | join(', ') }}, _cdc_segment order by _cdc_pos rows between unbounded preceding and {{ 'unbounded following' if layout.document else 'current row' }})
+)
+{%- endif %}
+{%- endmacro %}
+
+
+{% macro fold_images_sql(changes, layout, fold, placeholder=none) -%}
+  {%- set columns, fields, partition, scd2, every, pre_image = fold.columns, fold.fields, fold.partition, fold.scd2, fold.every, fold.pre_image -%}
 {%- if layout.document and every %}
 {#- Every version's document: folded once per segment, each update's document kept on the way (folding each row's
     own prefix of the segment would apply n(n+1)/2 edits to a document updated n times in one unit). -#}
@@ -277,26 +329,6 @@ folded as (
     from segmented
   ) s
   join segment_folds f on {% for name in partition %}s.{{ name }} <=> f.{{ name }} and {% endfor %}s._cdc_segment = f._cdc_segment
-)
-{%- else %}
-folded as (
-  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor,
-    {%- if layout.document %}
-    _cdc_doc,
-    first_value(_cdc_doc) over segment as _cdc_base,
-    {%- if pre_image %}
-    {#- A segment without a full image (its first row is an update, not a prior state): the first update's
-        pre-image is its base. #}
-    first_value(_cdc_row.before) over segment as _cdc_pre_image,
-    {%- endif %}
-    collect_list(case when not _cdc_full then struct(_cdc_pos, _cdc_edits) end) over segment as _cdc_patches
-    {%- else %}
-    {%- for field in fields %}
-    last_value(_cdc_v{{ loop.index0 }}, true) over segment as _cdc_v{{ loop.index0 }}{% if not loop.last %},{% endif %}
-    {%- endfor %}
-    {%- endif %}
-  from segmented
-  window segment as (partition by {{ partition | join(', ') }}, _cdc_segment order by _cdc_pos rows between unbounded preceding and {{ frame }})
 )
 {%- endif %}
 select
@@ -343,7 +375,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     {%- if every -%}
     _cdc_folded
     {%- else -%}
-    {{ cdclake.fold_edits_sql('flatten(transform(sort_array(_cdc_patches), _cdc_p -> _cdc_p._cdc_edits))', cdclake.fold_start_sql(pre_image, placeholders)) }}
+    {{ cdclake.fold_edits_sql('_cdc_edit_list', cdclake.fold_start_sql(pre_image, placeholders)) }}
     {%- endif -%}
   {%- endset -%}
   case when _cdc_row.op <> 'u' then _cdc_row.after
