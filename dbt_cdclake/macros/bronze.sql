@@ -115,8 +115,9 @@
   The bronze snapshot the lakehouse is at now and whether snapshot `start` (if any) still exists, in one query:
   {'end': id or None (a table never written), 'start_known': bool, 'end_truncates', 'start_truncates': the running
   count of truncate records `cdclake ingest` keeps in each snapshot's summary (`cdclake.truncates-total`; None
-  where a snapshot has none), 'end_records': bronze's row count at `end` (Iceberg's `total-records`)}. Main's snapshot is looked up among the snapshots: read from two loads of the table
-  metadata, a summary from before main moved is missing (None), never another snapshot's.
+  where a snapshot has none), 'end_records': bronze's row count at `end` (Iceberg's `total-records`)}. Main's
+  snapshot is looked up among the snapshots: read from two loads of the table metadata, a summary from before main
+  moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
   {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none} -%}

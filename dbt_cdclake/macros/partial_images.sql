@@ -54,7 +54,7 @@
   {%- if layout.document -%}
     {#- In two statements: Spark's analyzer passes over a whole query once per level of nesting of its deepest
         expression, and a document's two large ones (the edits read from the change, their fold) come one after
-        the other: analyzed apart, each pass covers only one of them (a fold took 2.6 s instead of 3.3-4.2). -#}
+        the other: analyzed apart, each pass covers only one of them (docs/silver.md, Cost). -#}
     {%- set staged = cdclake.scratch_table(layout, 'folding') -%}
     {% do run_query('create table ' ~ staged ~ ' using iceberg as with ' ~ segments ~ ' select * from ' ~ fold.staged) %}
     {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ fold.staged ~ ' as (select * from ' ~ staged ~ ')' ~ (', ' if fold.staged == 'segmented' else ' ') ~ images) %}
@@ -204,8 +204,9 @@
 
 
 {#- The fold in SQL (`fold`: fold_setup), in two parts: fold_segments_sql gives the common table expressions up to
-    `segmented` (the unit's changes and the keys' prior states as images, in segments that each start with a full
-    image), fold_images_sql the ones after it and the query: the unit's rows with `after` folded. -#}
+    `fold.staged`: `segmented` (the unit's changes and the keys' prior states as images, in segments that each
+    start with a full image) and, unless every version of a document is folded, `folded` (each row with what its
+    segment holds); fold_images_sql the ones after it and the query: the unit's rows with `after` folded. -#}
 {% macro fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder=none) -%}
   {%- set columns, fields, partition, scd2 = fold.columns, fold.fields, fold.partition, fold.scd2 -%}
 unit as (
