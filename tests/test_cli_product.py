@@ -7,6 +7,8 @@ import datetime as dt
 import io
 import logging
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -134,6 +136,23 @@ def make_silver(settings: Settings, name: str, applied_snapshot: int, applied_at
         transaction.set_properties(
             {APPLIED_SNAPSHOT_PROPERTY: str(applied_snapshot), APPLIED_RECORDS_PROPERTY: str(applied_records)}
         )
+
+
+# -- the command group ------------------------------------------------------------------------------------------------
+def test_help_lists_every_subcommand_and_a_command_imports_only_what_it_uses() -> None:
+    from ingest.cli import SUBCOMMANDS
+
+    listed = invoke(["--help"]).stdout
+    for name in SUBCOMMANDS:
+        assert f"  {name} " in listed, name
+    # In a fresh interpreter: `cdclake dbt` resolves its command without the ingest pipeline (pyiceberg, pyarrow).
+    code = (
+        "import sys, click; from ingest.cli import cli; "
+        "assert isinstance(cli.get_command(click.Context(cli), 'dbt'), click.Command); "
+        "print('ingest.pipeline' in sys.modules)"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.strip() == "False"
 
 
 # -- sql: statements and values (no Spark) ----------------------------------------------------------------------------
