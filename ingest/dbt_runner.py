@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ingest.config import Settings, redact
-from ingest.jvm_archive import with_archive
+from ingest.jvm_archive import driver_spark_conf
 from ingest.lakehouse import runtime_dir, secret_spark_keys, spark_conf
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,9 @@ def secret_env_name(key: str) -> str:
 
 
 def profile(settings: Settings) -> dict[str, Any]:
-    conf = spark_conf(settings)
-    # The driver dbt-spark's session method starts maps the classes setup archived, as cdclake's own sessions do
-    # (ingest.jvm_archive; a JVM ignores an archive that is gone or does not fit it).
-    conf["spark.driver.extraJavaOptions"] = with_archive(conf.get("spark.driver.extraJavaOptions", ""))
+    # dbt-spark's session method starts the driver: it maps the classes setup archived, as cdclake's own sessions'
+    # do (a JVM ignores an archive that is gone or does not fit it).
+    conf = driver_spark_conf(settings)
     secrets = secret_spark_keys(conf)
     parameters = {
         key: (f"{{{{ env_var('{secret_env_name(key)}') }}}}" if key in secrets else value)

@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
+from ingest.config import Settings
 from ingest.errors import SetupError
-from ingest.lakehouse import runtime_dir, spark_jars
+from ingest.lakehouse import runtime_dir, spark_conf, spark_jars
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,14 @@ def with_archive(java_options: str) -> str:
     if archive is None or any(option in java_options for option in WITHOUT_ARCHIVE_OPTIONS):
         return java_options
     return f"{java_options} -XX:SharedArchiveFile={archive} -Xlog:cds=off,cds+dynamic=off".strip()
+
+
+def driver_spark_conf(settings: Settings) -> dict[str, str]:
+    """The lakehouse's Spark settings for a driver this process starts: cdclake's own sessions, and dbt-spark's
+    (from the profile's settings), map the archive."""
+    conf = spark_conf(settings)
+    conf["spark.driver.extraJavaOptions"] = with_archive(conf.get("spark.driver.extraJavaOptions", ""))
+    return conf
 
 
 def write_archive(key: str) -> Path:

@@ -8,8 +8,7 @@ import time
 from typing import Any
 
 from ingest.config import Settings
-from ingest.jvm_archive import with_archive
-from ingest.lakehouse import spark_conf
+from ingest.jvm_archive import driver_spark_conf
 
 
 def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
@@ -22,9 +21,7 @@ def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    conf = spark_conf(settings)
-    # The driver this process starts maps the classes setup archived (ingest.jvm_archive).
-    conf["spark.driver.extraJavaOptions"] = with_archive(conf.get("spark.driver.extraJavaOptions", ""))
+    conf = driver_spark_conf(settings)  # the driver maps the classes setup archived
     builder = SparkSession.builder.appName(app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -195,11 +195,12 @@
   {%- set columns = run_query('select * from ' ~ changes ~ ' where false').column_names -%}
   {%- set partition = [] -%}
   {%- for key in layout.key_columns %}{% do partition.append('_cdc_fk' ~ loop.index0) %}{% endfor -%}
+  {%- set every = history == 'scd2' or delete_mode == 'soft' -%}
   {{ return({
       'columns': columns, 'fields': [] if layout.document else cdclake.struct_field_names(bronze, 'after'),
-      'partition': partition, 'scd2': history == 'scd2', 'every': history == 'scd2' or delete_mode == 'soft',
+      'partition': partition, 'scd2': history == 'scd2', 'every': every,
       'pre_image': layout.document and placeholder is none and 'before' in columns,
-      'staged': 'segmented' if layout.document and (history == 'scd2' or delete_mode == 'soft') else 'folded'}) }}
+      'staged': 'segmented' if layout.document and every else 'folded'}) }}
 {%- endmacro %}
 
 
