@@ -39,7 +39,7 @@ def secret_env_name(key: str) -> str:
 
 
 def profile(settings: Settings) -> dict[str, Any]:
-    # dbt-spark's session method starts the driver: it maps the classes setup archived, as cdclake's own sessions'
+    # dbt-spark's session method starts the driver: it maps the classes setup archived, as cdclake's own sessions
     # do (a JVM ignores an archive that is gone or does not fit it).
     conf = driver_spark_conf(settings)
     secrets = secret_spark_keys(conf)

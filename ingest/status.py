@@ -406,11 +406,11 @@ def _behind(
     # The applied snapshot has been expired and every retained snapshot is a rewrite. Bronze is append-only and a
     # rewrite keeps its row count: more rows than at the applied snapshot are rows silver has not applied. When
     # they came is gone with their snapshots; the newest ingest time is the latest they can have come.
-    ingested = column_max_timestamp(bronze, INGESTED_AT_COLUMN)
     records = total_records(bronze)
     if applied_records is not None and records is not None:
-        return (True, ingested) if records > applied_records else (False, None)
+        return (True, column_max_timestamp(bronze, INGESTED_AT_COLUMN)) if records > applied_records else (False, None)
     # A silver table without the count: compare times (silver's commit time, which its own compaction moves on).
+    ingested = column_max_timestamp(bronze, INGESTED_AT_COLUMN)
     if ingested is not None and silver_commit is not None and ingested > silver_commit:
         return True, ingested
     return False, None

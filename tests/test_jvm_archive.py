@@ -72,7 +72,6 @@ def test_the_key_names_the_jdk_pyspark_and_jars(runtime: Path) -> None:
     assert jvm_archive.archive_path(key) == runtime / "jvm" / f"driver-{key}.jsa"
 
 
-@pytest.mark.spark
 def test_the_dbt_profiles_driver_maps_it_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`cdclake dbt` (and plain dbt with the profile it writes) starts its driver from the profile's Spark settings
     (dbt-spark's session method), not through cdclake's session: the archive must be in them as well."""
@@ -93,6 +92,7 @@ def test_the_dbt_profiles_driver_maps_it_too(tmp_path: Path, monkeypatch: pytest
     assert f"-XX:SharedArchiveFile={written}" in options["spark.driver.extraJavaOptions"].split()
 
 
+@pytest.mark.spark
 def test_the_sessions_driver_was_started_with_the_archive_setup_wrote(spark_lakehouse: SparkLakehouse) -> None:
     written = jvm_archive.current_archive()
     assert written is not None, "`make setup` writes the archive (scripts/setup_runtime.sh): none found"
