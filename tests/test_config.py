@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ingest.config import load_settings, redact
+from ingest.config import Settings, load_settings, redact
 from ingest.errors import ConfigError
 
 
@@ -383,6 +383,55 @@ def test_a_dbt_run_reads_its_own_profile_while_another_config_rewrites_the_share
     assert dbt_runner.profile(ours) != dbt_runner.profile(theirs)
     assert yaml.safe_load((tmp_path / "dbt" / "profiles.yml").read_text()) == dbt_runner.profile(theirs)
     assert [path.name for path in (tmp_path / "dbt").iterdir()] == ["profiles.yml"]  # the run's copy is gone
+
+
+def test_a_command_that_queries_a_running_session_gets_a_profile_without_spark_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Which dbt commands reuse the process's SparkSession, setting the lakehouse's settings once instead of dbt-spark
+    before every statement: those that query the session target, and only while a session runs (else dbt starts
+    one from the profile's settings)."""
+    from types import SimpleNamespace
+
+    from pyspark.sql.session import SparkSession
+
+    import ingest.dbt_runner as dbt_runner
+    import ingest.spark
+
+    applied: list[str] = []
+    monkeypatch.setattr(ingest.spark, "spark_session", lambda settings, app_name: applied.append(app_name))
+    settings = settings_for_target("session")
+    cases = {
+        ("build",): True,
+        ("--debug", "run", "--select", "x"): True,
+        ("test", "--target", "session"): True,
+        ("run-operation", "m"): True,
+        ("parse",): False,
+        ("deps",): False,
+        ("ls", "--select", "x"): False,
+        ("build", "--help"): False,
+        ("build", "--target", "cluster"): False,
+        ("build", "-t=cluster"): False,
+        ("build", "--profile", "theirs"): False,
+    }
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    assert not any(dbt_runner._reuse_session(settings, command) for command in cases)
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", SimpleNamespace(_sc=SimpleNamespace(_jsc=None)))
+    assert not any(dbt_runner._reuse_session(settings, command) for command in cases)  # a stopped one
+    assert applied == []
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", SimpleNamespace(_sc=SimpleNamespace(_jsc=object())))
+    for command, expected in cases.items():
+        applied.clear()
+        assert dbt_runner._reuse_session(settings, command) is expected, command
+        assert applied == (["cdclake-dbt"] if expected else []), command
+    cluster = settings_for_target("cluster")
+    assert not dbt_runner._reuse_session(cluster, ["build"])
+    assert dbt_runner._reuse_session(cluster, ["build", "--target", "session"])
+
+
+def settings_for_target(target: str) -> Settings:
+    dbt = {"target": target, **({"thrift_host": "127.0.0.1"} if target == "cluster" else {})}
+    return Settings.model_validate({"dbt": dbt})
 
 
 def test_bad_values_fail_at_load_naming_the_key(tmp_path: Path) -> None:

@@ -642,6 +642,39 @@ def test_relations_are_listed_without_describing_every_table(harness: SilverHarn
     assert harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")[: len(created)] == created
 
 
+def test_a_run_hands_dbt_a_profile_without_spark_settings_once_the_session_is_set_up(
+    harness: SilverHarness, dumps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dbt-spark's session cursor re-applies the profile's Spark settings before every statement (one py4j call
+    each): a run that sets the session up first reads a profile without them, a command that sends no SQL (and
+    plain dbt, from the well-known profile) gets them all, and the model still applies."""
+    import yaml
+    from dbt.cli.main import dbtRunner
+
+    from ingest.dbt_runner import profiles_dir
+
+    read: list[tuple[str, dict[str, str]]] = []
+    real_invoke = dbtRunner.invoke
+
+    def invoke(self: dbtRunner, args: list[str], **kwargs: object) -> object:
+        text = (Path(args[args.index("--profiles-dir") + 1]) / "profiles.yml").read_text()
+        read.append((args[0], yaml.safe_load(text)["cdclake"]["outputs"]["session"]["server_side_parameters"]))
+        return real_invoke(self, args, **kwargs)
+
+    monkeypatch.setattr(dbtRunner, "invoke", invoke)
+    topic = harness.topic("profile")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.apply(topic, [Change(U, 1, 3, "c"), Change(D, 2, 4)], dumps)
+    assert harness.silver(topic) == {1: "c"}
+    assert run_dbt(harness.settings, ["parse"])
+    read = [(command, parameters) for command, parameters in read if command != "deps"]  # a new project's first
+    assert [command for command, _ in read] == ["build", "build", "parse"]
+    assert read[0][1] == read[1][1] == {}
+    assert read[2][1]["spark.sql.catalog.lake.uri"].startswith("jdbc:")
+    well_known = yaml.safe_load((profiles_dir() / "profiles.yml").read_text())
+    assert well_known["cdclake"]["outputs"]["session"]["server_side_parameters"] == read[2][1]
+
+
 changes_strategy = st.lists(
     st.tuples(st.sampled_from("cudr"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])),
     min_size=1,
