@@ -15,6 +15,8 @@ import os
 import re
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,34 @@ def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
         return _succeeded(runner.invoke([*command, *common]), settings)
 
 
+def start_session_beside(settings: Settings, command: Sequence[str]) -> threading.Thread | None:
+    """Start the SparkSession a dbt command will query, in the background, while dbt imports and parses (for
+    `cdclake dbt` in a process of its own: nothing else there could reuse a session started for its settings).
+
+    dbt-spark starts the session at the first statement, after dbt's ~4 s of import and parse; started beside
+    them, the JVM's start overlaps them. dbt's first statement then reuses it (pyspark's builder lock makes it
+    wait for a start in progress) and applies the profile's settings as usual. Should this start fail, dbt starts
+    the session itself from the profile, and says why if that fails too.
+    """
+    if not _queries_session(settings, command) or _running_session() is not None:
+        return None
+
+    def start() -> None:
+        from ingest.spark import spark_session
+
+        started = time.monotonic()
+        try:
+            spark_session(settings, app_name="cdclake-dbt")
+        except Exception as error:  # dbt's own start reports the cause
+            log.debug("starting Spark beside dbt failed: %s", redact(str(error), settings))
+        else:
+            log.info("Spark started beside dbt's parse in %.1f s", time.monotonic() - started)
+
+    thread = threading.Thread(target=start, name="cdclake-spark-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def _reuse_session(settings: Settings, command: Sequence[str]) -> bool:
     """Whether this dbt command queries the session target in a process that already runs a SparkSession (cdclake's
     tests, benchmarks, `cdclake demo`): then the lakehouse's settings are applied to it once, here, and True.
@@ -205,21 +235,29 @@ def _reuse_session(settings: Settings, command: Sequence[str]) -> bool:
     run's profile carries none when the session runs already. When it does not, dbt starts it from the profile's
     settings, as plain dbt does with the well-known profile, which keeps them all.
     """
-    subcommand = next((arg for arg in command if not arg.startswith("-")), None)  # after any global flags
-    if subcommand not in QUERYING_COMMANDS or {"-h", "--help", "--profile"} & set(command):
-        return False
-    targets = _flag_values(command, ("--target", "-t"))
-    if (targets[-1][1] if targets else settings.dbt.target) != SESSION_TARGET:
-        return False
-    session_module = sys.modules.get("pyspark.sql.session")  # not imported: no session (and no import for it)
-    # The test pyspark's getOrCreate makes before it reuses a session.
-    running = session_module is not None and session_module.SparkSession._instantiatedSession
-    if not running or running._sc._jsc is None:
+    if not _queries_session(settings, command) or _running_session() is None:
         return False
     from ingest.spark import spark_session
 
     spark_session(settings, app_name="cdclake-dbt")
     return True
+
+
+def _queries_session(settings: Settings, command: Sequence[str]) -> bool:
+    """Whether the dbt command sends SQL to the session target."""
+    subcommand = next((arg for arg in command if not arg.startswith("-")), None)  # after any global flags
+    if subcommand not in QUERYING_COMMANDS or {"-h", "--help", "--profile"} & set(command):
+        return False
+    targets = _flag_values(command, ("--target", "-t"))
+    return (targets[-1][1] if targets else settings.dbt.target) == SESSION_TARGET
+
+
+def _running_session() -> Any:
+    """This process's running SparkSession, or None (without importing pyspark for it)."""
+    session_module = sys.modules.get("pyspark.sql.session")
+    # The test pyspark's getOrCreate makes before it reuses a session.
+    running = session_module.SparkSession._instantiatedSession if session_module is not None else None
+    return running if running is not None and running._sc._jsc is not None else None
 
 
 def _flag_values(args: Sequence[str], flags: Sequence[str]) -> list[tuple[str, str]]:

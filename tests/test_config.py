@@ -429,6 +429,42 @@ def test_a_command_that_queries_a_running_session_gets_a_profile_without_spark_s
     assert dbt_runner._reuse_session(cluster, ["build", "--target", "session"])
 
 
+def test_cdclake_dbt_starts_spark_beside_dbt_only_in_a_process_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cdclake dbt build` (the command, ingest.cli.main) starts the SparkSession while dbt imports and parses;
+    called from Python (CliRunner here), where a session of the caller's might run, it leaves that to dbt. And
+    never for a command that does not query the session target, or with a session running already."""
+    import threading
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+    from pyspark.sql.session import SparkSession
+
+    import ingest.dbt_runner as dbt_runner
+    import ingest.spark
+    from ingest.cli import cli
+
+    started: list[str] = []
+    monkeypatch.setattr(ingest.spark, "spark_session", lambda settings, app_name: started.append(app_name))
+    monkeypatch.setattr(dbt_runner, "run_dbt", lambda settings, args: True)
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+
+    def started_by(argv: list[str], obj: dict[str, object] | None = None) -> list[str]:
+        started.clear()
+        result = CliRunner().invoke(cli, ["dbt", *argv], standalone_mode=False, obj=obj)
+        assert result.exception is None, result.output
+        for thread in threading.enumerate():
+            if thread.name == "cdclake-spark-start":
+                thread.join(10)
+        return list(started)
+
+    assert started_by(["build"]) == []
+    assert started_by(["build"], obj={"own_process": True}) == ["cdclake-dbt"]
+    assert started_by(["parse"], obj={"own_process": True}) == []
+    assert started_by(["build", "--target", "cluster"], obj={"own_process": True}) == []
+    monkeypatch.setattr(SparkSession, "_instantiatedSession", SimpleNamespace(_sc=SimpleNamespace(_jsc=object())))
+    assert started_by(["build"], obj={"own_process": True}) == []
+
+
 def settings_for_target(target: str) -> Settings:
     dbt = {"target": target, **({"thrift_host": "127.0.0.1"} if target == "cluster" else {})}
     return Settings.model_validate({"dbt": dbt})

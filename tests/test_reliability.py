@@ -597,7 +597,8 @@ def contention(catalog: str, broker: TansuBroker, root: Path, postgres: Any) -> 
     assert not lost, f"lost {len(lost)}, e.g. {sorted(lost)[:5]}"
     assert not duplicated, f"duplicated {len(duplicated)}, e.g. {sorted(duplicated)[:5]}"
     assert len(delivered) == sum(len(r) for r in first.values()) + len(second)
-    run_cdclake(config, "dbt", "build", root=root)  # silver catches up with everything
+    output = run_cdclake(config, "dbt", "build", root=root)  # silver catches up with everything
+    assert "Spark started beside dbt's parse" in output  # dbt's first statement found it running
     for name, stream in more.items():
         table = bronze_table_name(prefix + stream.data_topic)
         rows = silver_rows(settings, "silver", table)

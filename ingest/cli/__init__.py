@@ -65,12 +65,12 @@ def cli(ctx: click.Context, config_path: str | None, log_level: str, log_format:
     from ingest.logs import configure
 
     configure(log_level, log_format)
-    ctx.obj = {"config_path": config_path}
+    ctx.obj = {**(ctx.obj or {}), "config_path": config_path}
 
 
 def main() -> None:
     try:
-        result = cli.main(standalone_mode=False)
+        result = cli.main(standalone_mode=False, obj={"own_process": True})
         if isinstance(result, int):
             sys.exit(result)
     except click.exceptions.Abort:

@@ -40,3 +40,10 @@ def settings_from(ctx: click.Context) -> Settings:
         cached = obj["settings"] = load_settings(obj.get("config_path"))
     assert isinstance(cached, Settings)
     return cached
+
+
+def own_process(ctx: click.Context) -> bool:
+    """Whether cdclake runs as its own process (the `cdclake` command), not called by other Python code, which
+    may hold a SparkSession of its own that a session started for this command's settings would stand in for."""
+    obj = ctx.find_root().obj or {}
+    return bool(obj.get("own_process"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ingest.cli.common import config_option, settings_from
+from ingest.cli.common import config_option, own_process, settings_from
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -13,10 +13,13 @@ from ingest.cli.common import config_option, settings_from
 @click.pass_context
 def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
     """Run dbt (default: build) on the configured project with the lakehouse profile."""
-    from ingest.dbt_runner import run_dbt
+    from ingest.dbt_runner import run_dbt, start_session_beside
 
     dbt_args = _take_config(ctx, args)  # before the settings are loaded: it may name their file
-    return 0 if run_dbt(settings_from(ctx), dbt_args) else 1
+    settings = settings_from(ctx)
+    if own_process(ctx):
+        start_session_beside(settings, dbt_args)
+    return 0 if run_dbt(settings, dbt_args) else 1
 
 
 def _take_config(ctx: click.Context, args: tuple[str, ...]) -> list[str]:
