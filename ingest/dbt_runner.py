@@ -208,6 +208,9 @@ def start_session_beside(settings: Settings, command: Sequence[str]) -> threadin
     """
     if not _queries_session(settings, command) or _running_session() is not None:
         return None
+    from ingest.spark import prepare_driver_process
+
+    prepare_driver_process()  # here, not in the thread: dbt's log times would switch to UTC halfway
 
     def start() -> None:
         from ingest.spark import spark_session
