@@ -9,6 +9,7 @@ MongoDB-shaped events (``MongoTopic``) test the folding of partial updates into 
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -447,14 +448,20 @@ class SilverHarness:
         return int(table.current_snapshot().snapshot_id)
 
 
+# `make explore`: EXPLORE_FACTOR times the examples, drawn at random, to look for what the suite's fixed ones miss.
+EXPLORE_FACTOR = int(os.environ.get("CDCLAKE_EXPLORE") or 0)
+
+
 def dbt_examples(count: int) -> settings:
     """Hypothesis settings for examples that each run dbt a few times: few examples, derandomized, and no
-    shrinking (it would run dbt hundreds of times)."""
+    shrinking (it would run dbt hundreds of times). With CDCLAKE_EXPLORE=N: N times as many, at random, and a
+    failure prints the blob that replays it (``@reproduce_failure``)."""
     return settings(
-        max_examples=count,
+        max_examples=count * max(EXPLORE_FACTOR, 1),
         deadline=None,
         suppress_health_check=list(HealthCheck),
-        derandomize=True,
+        derandomize=not EXPLORE_FACTOR,
+        print_blob=bool(EXPLORE_FACTOR),
         phases=[Phase.explicit, Phase.generate],
     )
 

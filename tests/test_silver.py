@@ -675,8 +675,11 @@ def test_a_run_hands_dbt_a_profile_without_spark_settings_once_the_session_is_se
     assert read[2][1] == profile(harness.settings)["cdclake"]["outputs"]["session"]["server_side_parameters"]
 
 
+# Ops weighted so that a truncate (which voids every older change of the table) comes about once a batch.
 changes_strategy = st.lists(
-    st.tuples(st.sampled_from("cudr"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])),
+    st.tuples(
+        st.sampled_from("cccuuuddrrt"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])
+    ),
     min_size=1,
     max_size=12,
 )
@@ -690,7 +693,8 @@ def test_random_histories_match_the_reference_model(
     batches: list[list[tuple[str, int, int, str | None]]],
     replay: bool,
 ) -> None:
-    """Random per-key histories, random batching, duplicates and replays: silver == reference after every batch."""
+    """Random per-key histories of c/u/d/r/t, random batching, duplicates and replays: silver == reference after
+    every batch."""
     topic = harness.topic("property")
     dumps = tmp_path_factory.mktemp("property")
     landed: list[Change] = []

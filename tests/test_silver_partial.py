@@ -160,28 +160,48 @@ def test_pk_only_updates_give_complete_versions(harness: SilverHarness, tmp_path
 
 
 Image = dict[str, Any] | None
+Position = tuple[int, int, int]
 
 
-def fold_unit(state: dict[int, tuple[tuple[int, int, int], Image]], unit: list[tuple[Change, int]]) -> None:
-    """Reference of one unit of work with partial images: per key, the changes newer than what silver holds (row
-    or tombstone) apply in order; an update keeps the previous value of each column it does not carry."""
-    for change, offset in sorted(unit, key=lambda item: (item[0].lsn, OP_RANK[item[0].op], item[1])):
-        position = (change.lsn, OP_RANK[change.op], offset)
-        if change.id in state and position <= state[change.id][0]:
-            continue
-        previous = state.get(change.id, (position, None))[1]
-        image: Image = None
-        if change.op in "cr":
-            image = {"v": change.v, "n": change.n_value}
-        elif change.op == "u":
-            carried = {"v": change.v, "n": change.n_value}
-            image = {k: value if value is not None else (previous or {}).get(k) for k, value in carried.items()}
-        state[change.id] = (position, image)
+@dataclasses.dataclass
+class FoldedRows:
+    """The reference's silver with partial images: per key the position and image it holds (None: deleted), and
+    the newest truncate applied (every change older than it is void, for any key)."""
+
+    rows: dict[int, tuple[Position, Image]] = dataclasses.field(default_factory=dict)
+    truncated_at: Position | None = None
+
+    def fold(self, unit: list[tuple[Change, int]]) -> None:
+        """One unit of work: per key, the changes newer than what silver holds (row, tombstone or truncate) apply
+        in order; an update keeps the previous value of each column it does not carry."""
+        for change, offset in sorted(unit, key=lambda item: (item[0].lsn, OP_RANK[item[0].op], item[1])):
+            position = (change.lsn, OP_RANK[change.op], offset)
+            if self.truncated_at is not None and position < self.truncated_at:
+                continue
+            if change.op == "t":
+                self.truncated_at = position
+                for key, (held, _image) in self.rows.items():
+                    if held < position:
+                        self.rows[key] = (position, None)
+                continue
+            if change.id in self.rows and position <= self.rows[change.id][0]:
+                continue
+            previous = self.rows.get(change.id, (position, None))[1]
+            image: Image = None
+            if change.op in "cr":
+                image = {"v": change.v, "n": change.n_value}
+            elif change.op == "u":
+                carried = {"v": change.v, "n": change.n_value}
+                image = {k: value if value is not None else (previous or {}).get(k) for k, value in carried.items()}
+            self.rows[change.id] = (position, image)
+
+    def images(self) -> dict[int, tuple[Any, Any]]:
+        return {key: (image["v"], image["n"]) for key, (_, image) in self.rows.items() if image is not None}
 
 
 partial_changes = st.lists(
     st.tuples(
-        st.sampled_from("cudr"),
+        st.sampled_from("cccuuuddrrt"),  # a truncate about once a batch
         st.integers(1, 3),
         st.integers(1, 30),
         st.sampled_from(["p", "q", None]),
@@ -202,7 +222,7 @@ def test_random_partial_updates_match_the_reference_model(
 ) -> None:
     topic = harness.topic("pk_only_property")
     dumps = tmp_path_factory.mktemp("pk_only_property")
-    state: dict[int, tuple[tuple[int, int, int], Image]] = {}
+    reference = FoldedRows()
     landed: list[Change] = []
     for batch in batches:
         changes = [
@@ -210,9 +230,8 @@ def test_random_partial_updates_match_the_reference_model(
         ]
         changes = with_replay(landed, changes, replay)
         harness.apply(topic, changes, dumps, "ignore_null_updates=true")
-        fold_unit(state, topic.landed[-len(changes) :])
-        expected = {key: (image["v"], image["n"]) for key, (_, image) in state.items() if image is not None}
-        assert images(harness, topic) == expected
+        reference.fold(topic.landed[-len(changes) :])
+        assert images(harness, topic) == reference.images()
 
 
 # --- MongoDB ------------------------------------------------------------------------------------------------------

@@ -256,30 +256,39 @@ def test_a_moved_keys_soft_delete_marker_holds_no_computed_values(harness: Silve
     ]
 
 
-changes_strategy = st.lists(
-    st.tuples(st.sampled_from("cudr"), st.integers(1, 3), st.integers(1, 40), st.sampled_from(["p", "q", None])),
-    min_size=1,
-    max_size=10,
-)
+def changes(ops: str) -> st.SearchStrategy[list[tuple[str, int, int, str | None]]]:
+    return st.lists(
+        st.tuples(st.sampled_from(ops), st.integers(1, 3), st.integers(1, 40), st.sampled_from(["p", "q", None])),
+        min_size=1,
+        max_size=10,
+    )
 
 
 @dbt_examples(4)
 # Two batches at least: dbt_examples draws a fixed handful, and with one batch each would test a first build only.
-@given(batches=st.lists(changes_strategy, min_size=2, max_size=3), replay=st.booleans(), soft=st.booleans())
+# Truncates (about one in the batch) only in the last one: a change older than a truncate that lands in a later unit
+# of work than the truncate is a documented gap between a history's runs and its full refresh (silver.md, Not yet).
+@given(
+    batches=st.lists(changes("cudr"), min_size=1, max_size=2),
+    last=changes("cccuuuddrrt"),
+    replay=st.booleans(),
+    soft=st.booleans(),
+)
 def test_random_histories_match_the_reference_model(
     harness: SilverHarness,
     tmp_path_factory: pytest.TempPathFactory,
     batches: list[list[tuple[str, int, int, str | None]]],
+    last: list[tuple[str, int, int, str | None]],
     replay: bool,
     soft: bool,
 ) -> None:
-    """Random per-key histories, random batching, duplicates, late changes and replays: the versions equal the
-    reference model's after every batch, and a full refresh gives the same versions."""
+    """Random per-key histories of c/u/d/r/t, random batching, duplicates, late changes and replays: the versions
+    equal the reference model's after every batch, and a full refresh gives the same versions."""
     topic = harness.topic("scd2_property")
     dumps = tmp_path_factory.mktemp("scd2_property")
     config = SOFT if soft else HARD
     landed: list[Change] = []
-    for batch in batches:
+    for batch in [*batches, last]:
         changes = [Change(op, key, lsn, None if op == "d" else (value or "v")) for op, key, lsn, value in batch]
         changes = with_replay(landed, changes, replay)
         harness.apply(topic, changes, dumps, config)
