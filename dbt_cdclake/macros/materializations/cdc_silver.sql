@@ -99,6 +99,9 @@
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
+  {%- elif existing is none and cdclake.awaiting_keys(bronze, end) -%}
+    {{ log("cdclake: " ~ identifier ~ ": " ~ bronze ~ " holds only truncates so far, which carry no key; nothing to apply until its first change", info=true) }}
+    {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
