@@ -675,7 +675,7 @@ def test_a_run_hands_dbt_a_profile_without_spark_settings_once_the_session_is_se
     assert read[2][1] == profile(harness.settings)["cdclake"]["outputs"]["session"]["server_side_parameters"]
 
 
-# Ops weighted so that a truncate (which voids every older change of the table) comes about once a batch.
+# One change in eleven is a truncate (which voids every older change of the table).
 changes_strategy = st.lists(
     st.tuples(
         st.sampled_from("cccuuuddrrt"), st.integers(1, 4), st.integers(1, 60), st.sampled_from(["p", "q", "r", None])

@@ -201,7 +201,7 @@ class FoldedRows:
 
 partial_changes = st.lists(
     st.tuples(
-        st.sampled_from("cccuuuddrrt"),  # a truncate about once a batch
+        st.sampled_from("cccuuuddrrt"),  # one change in eleven a truncate
         st.integers(1, 3),
         st.integers(1, 30),
         st.sampled_from(["p", "q", None]),

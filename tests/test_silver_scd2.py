@@ -256,7 +256,7 @@ def test_a_moved_keys_soft_delete_marker_holds_no_computed_values(harness: Silve
     ]
 
 
-def changes(ops: str) -> st.SearchStrategy[list[tuple[str, int, int, str | None]]]:
+def change_lists(ops: str) -> st.SearchStrategy[list[tuple[str, int, int, str | None]]]:
     return st.lists(
         st.tuples(st.sampled_from(ops), st.integers(1, 3), st.integers(1, 40), st.sampled_from(["p", "q", None])),
         min_size=1,
@@ -266,11 +266,11 @@ def changes(ops: str) -> st.SearchStrategy[list[tuple[str, int, int, str | None]
 
 @dbt_examples(4)
 # Two batches at least: dbt_examples draws a fixed handful, and with one batch each would test a first build only.
-# Truncates (about one in the batch) only in the last one: a change older than a truncate that lands in a later unit
+# Truncates (one change in eleven) only in the last batch: a change older than a truncate that lands in a later unit
 # of work than the truncate is a documented gap between a history's runs and its full refresh (silver.md, Not yet).
 @given(
-    batches=st.lists(changes("cudr"), min_size=1, max_size=2),
-    last=changes("cccuuuddrrt"),
+    batches=st.lists(change_lists("cudr"), min_size=1, max_size=2),
+    last=change_lists("cccuuuddrrt"),
     replay=st.booleans(),
     soft=st.booleans(),
 )
