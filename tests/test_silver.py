@@ -1075,7 +1075,8 @@ def test_a_column_option_naming_no_column_fails_the_run(harness: SilverHarness, 
     assert "(they have: id, v, n)" in message
 
 
-@pytest.mark.parametrize("history", ["current", "scd2"])
+# Both histories take one branch, before they part: the history variant runs with `make test-slow`.
+@pytest.mark.parametrize("history", ["current", pytest.param("scd2", marks=pytest.mark.slow)])
 def test_a_table_whose_first_change_is_a_truncate(harness: SilverHarness, dumps: Path, history: str) -> None:
     """A table truncated before its first captured change (an empty table truncated; a connector started after the
     rows were deleted): Debezium's truncate carries no key, so bronze has no key column yet. The first run applied
