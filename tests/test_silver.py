@@ -443,9 +443,9 @@ OVERTAKING_MACROS = """
                                        truncate, broadcast)) }}
 {%- endmacro %}
 
-{% macro spark__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
+{% macro spark__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
   {%- if target is not none %}{% do overtake(target) %}{% endif -%}
-  {{ return(cdclake.default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate)) }}
+  {{ return(cdclake.default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
 {%- endmacro %}
 """
 

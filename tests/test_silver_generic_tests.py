@@ -57,7 +57,7 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> d
 
 def failed_tests(harness: SilverHarness, topic: Topic) -> set[str]:
     """The shipped tests that fail on ``topic``'s silver table (one `dbt test` run)."""
-    run_dbt(harness.settings, ["test", "--select", topic.table])
+    run_dbt(harness.settings, ["test", "--select", topic.table, "--write-json"])
     results = orjson.loads((harness.project / "target" / "run_results.json").read_bytes())["results"]
     assert len(results) == len(TESTS) + 1  # + not_null of the key
     return {name for result in results for name in TESTS if name in result["unique_id"] and result["status"] != "pass"}

@@ -6,7 +6,7 @@
   delete_mode='soft' it is also a row of its own (a marker version: _cdc_deleted, image columns null), with
   delete_mode='hard' (default) it goes to <model>__cdc_tombstones (every delete, not only the last) so a late
   change before it is still closed by it. A truncate ends every version open at its position, like a delete of
-  each such key.
+  each such key, also the version of a change older than it that lands in a later unit of work (scd2_truncates).
 
   Each run recomputes the history of the keys the unit of work touches, from their stored rows plus the new
   changes: duplicates (an event with the same position, op and image as the key's event before it: replays)
@@ -30,14 +30,47 @@
 
 
 {#-
-  Every row the touched keys should have after this run, plus the stored rows to drop, with _cdc_target
-  ('silver' | 'tombstones') and _cdc_action ('insert' | 'update' | 'delete' | null: unchanged).
+  The truncates a history run applies: {'unit': whether the unit of work holds one, 'earlier_sql': the model's
+  SQL over bronze before the unit (none: not needed), 'stored': the latest truncate applied, kept in
+  `cdclake.truncated_before` as "<order,...>;<offset>" (none: there is none)}.
+  A change older than a truncate that lands in a later unit of work than it must be ended by it, as in a rebuild:
+  when the unit holds a change older than the latest truncate applied, the run reads bronze's truncates before
+  the unit as well (through the model's SQL and `exclude_changes`, as --full-refresh does). Only then: a late
+  change across a truncate is rare, and it costs a read of bronze's `op` column. One query over the unit decides
+  it, and none when bronze's running counts rule a truncate out (probe=false) and none was ever applied.
 -#}
-{% macro scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
-  {{ return(adapter.dispatch('scd2_rows_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, has_truncate)) }}
+{% macro scd2_truncates(bronze, sql, input_sql, start, previous, probe=true) -%}
+  {%- set previous = previous or none -%}
+  {%- set found = {'unit': false, 'earlier_sql': none, 'stored': previous} -%}
+  {%- if not probe and previous is none %}{{ return(found) }}{% endif -%}
+  {%- set latest = "max(case when op = 't' then named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset) end)" -%}
+  {%- set late = '0' -%}
+  {%- if previous is not none -%}
+    {%- set latest = 'greatest(' ~ latest ~ ', ' ~ cdclake.stored_position(previous) ~ ')' -%}
+    {%- set late = "count_if(op <> 't' and named_struct('o', _cdc_order, 'r', " ~ cdclake.op_rank('op') ~ ", 'f', _cdc_offset) < " ~ cdclake.stored_position(previous) ~ ")" -%}
+  {%- endif -%}
+  {%- set row = run_query("select units, late, concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select count_if(op = 't') as units, " ~ late ~ " as late, " ~ latest ~ " as p from (" ~ input_sql ~ ") unit_of_work)").rows[0] -%}
+  {%- do found.update({'unit': row[0] > 0, 'stored': none if row[3] is none else row[2] ~ ';' ~ row[3]}) -%}
+  {%- if row[1] > 0 and start is not none -%}
+    {%- set earlier = model.alias ~ '__cdc_earlier' -%}
+    {%- set condition = config.get('exclude_changes') -%}
+    {% do run_query('create or replace temporary view ' ~ earlier ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (start | int) ~ (' where not coalesce((' ~ condition ~ '), false)' if condition else '')) %}
+    {%- do found.update({'earlier_sql': sql | replace(bronze | string, earlier)}) -%}
+  {%- endif -%}
+  {{ return(found) }}
 {%- endmacro %}
 
-{% macro default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, has_truncate) -%}
+
+{#-
+  Every row the touched keys should have after this run, plus the stored rows to drop, with _cdc_target
+  ('silver' | 'tombstones') and _cdc_action ('insert' | 'update' | 'delete' | null: unchanged). `truncates`: as
+  scd2_truncates returns it.
+-#}
+{% macro scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
+  {{ return(adapter.dispatch('scd2_rows_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
+{%- endmacro %}
+
+{% macro default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
   {%- set keys = layout.key_columns -%}
   {%- set values = cdclake.scd2_value_columns(layout) -%}
   {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
@@ -61,16 +94,24 @@ with changes as (
   from ({{ input_sql }}) bronze_input
   where op in ('c', 'u', 'd', 'r', 't')
 ),
-truncates as (
+unit_truncates as (
   select _cdc_order, _cdc_offset, _cdc_source_ts from changes where _cdc_op = 't'
+),
+truncates as (
+  select * from unit_truncates
+  {%- if truncates.earlier_sql %}
+  union all
+  {#- the unit's late changes may be older than a truncate an earlier unit held #}
+  select _cdc_order, _cdc_offset, {{ layout.source_ts_expr }} from ({{ truncates.earlier_sql }}) earlier_input where op = 't'
+  {%- endif %}
 ),
 touched as (
   select distinct {{ by_key }} from changes where _cdc_op <> 't'
-  {%- if has_truncate and target is not none %}
+  {%- if truncates.unit and target is not none %}
   union
-  {#- every key with a version open at a truncate: the truncate ends it #}
+  {#- every key with a version open at a truncate of the unit: the truncate ends it #}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
-  from {{ target }} s join truncates t
+  from {{ target }} s join unit_truncates t
     on {{ cdclake.scd2_position('s') }} < named_struct('o', t._cdc_order, 'r', 4, 'f', t._cdc_offset)
     and (s._cdc_valid_to is null or s._cdc_valid_to >= t._cdc_order)
   where s._cdc_op in ('c', 'u', 'r')
@@ -234,17 +275,15 @@ select * from dropped
 {#-
   Runs one unit of work for a history='scd2' model and returns the SQL of its 'main' statement (the silver
   CREATE or MERGE); tombstones (delete_mode='hard') are written before it on the first run, after it later, as
-  the current-state path does. Call scd2_finish() after 'main'. `truncate_free`: the unit holds no truncate
-  (truncate_free in bronze.sql), so it is not read for one. `replace`: a --full-refresh of existing tables, each
-  replaced in one commit.
+  the current-state path does. Call scd2_finish() after 'main'. `truncates`: scd2_truncates(). `replace`: a
+  --full-refresh of existing tables, each replaced in one commit.
 -#}
-{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncate_free=false, replace=false) -%}
+{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replace=false) -%}
   {%- set rows = cdclake.scratch_table(layout, 'history') -%}
-  {%- set has_truncate = not truncate_free and run_query("select count(*) from (" ~ input_sql ~ ") where op = 't'").rows[0][0] > 0 -%}
   {#- Materialized once: the MERGE changes what a lazy view over silver would return. A table of this run, as the
       folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which every
       statement reading it analyzed and printed again (seconds each, tens of seconds over folded images). -#}
-  {% do run_query('create table ' ~ rows ~ ' using iceberg as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, has_truncate)) %}
+  {% do run_query('create table ' ~ rows ~ ' using iceberg as ' ~ cdclake.scd2_rows_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, truncates)) %}
   {%- if existing is none -%}
     {%- if delete_mode == 'hard' -%}
       {%- if not replace %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}

@@ -110,15 +110,17 @@
     {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
-    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, cdclake.truncate_free(snapshots, start), replacing) -%}
+    {%- set truncates = cdclake.scd2_truncates(bronze, sql, input_sql, start, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
+    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing) -%}
     {#- The versions were decided from silver as this run read it: a run that committed since would be merged over. -#}
     {%- if existing is not none %}{% do cdclake.check_not_overtaken(target, properties) %}{% endif -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
+    {%- if truncates.stored and truncates.stored != properties.get('cdclake.truncated_before') %}{% set recorded = recorded ~ ", 'cdclake.truncated_before' = '" ~ truncates.stored ~ "'" %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ ")") %}
-    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, []) %}{% endif -%}
+    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, ['cdclake.truncated_before'] if truncates.stored else []) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
