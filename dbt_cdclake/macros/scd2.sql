@@ -49,8 +49,8 @@
     {%- set latest = 'greatest(' ~ latest ~ ', ' ~ cdclake.stored_position(previous) ~ ')' -%}
     {%- set late = "count_if(op <> 't' and named_struct('o', _cdc_order, 'r', " ~ cdclake.op_rank('op') ~ ", 'f', _cdc_offset) < " ~ cdclake.stored_position(previous) ~ ")" -%}
   {%- endif -%}
-  {%- set row = run_query("select units, late, concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select count_if(op = 't') as units, " ~ late ~ " as late, " ~ latest ~ " as p from (" ~ input_sql ~ ") unit_of_work)").rows[0] -%}
-  {%- do found.update({'unit': row[0] > 0, 'stored': none if row[3] is none else row[2] ~ ';' ~ row[3]}) -%}
+  {%- set row = run_query("select units, late, " ~ cdclake.stored_position_text('p') ~ " from (select count_if(op = 't') as units, " ~ late ~ " as late, " ~ latest ~ " as p from (" ~ input_sql ~ ") unit_of_work)").rows[0] -%}
+  {%- do found.update({'unit': row[0] > 0, 'stored': row[2]}) -%}
   {%- if row[1] > 0 and start is not none -%}
     {%- set earlier = model.alias ~ '__cdc_earlier' -%}
     {%- set condition = config.get('exclude_changes') -%}

@@ -501,13 +501,18 @@
   {%- if probe -%}
     {%- set candidates = ["(select max(named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset)) from (" ~ input_sql ~ ") where op = 't')"] -%}
     {%- if previous -%}{% do candidates.append(cdclake.stored_position(previous)) %}{%- endif -%}
-    {%- set row = run_query("select concat_ws(',', transform(p.o, x -> cast(x as string))), p.f from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
-    {%- set stored = row[0][0] ~ ';' ~ row[0][1] if row else none -%}
+    {%- set row = run_query("select " ~ cdclake.stored_position_text('p') ~ " from (select " ~ ("greatest(" ~ candidates | join(', ') ~ ")" if candidates | length > 1 else candidates[0]) ~ " as p) where p is not null").rows -%}
+    {%- set stored = row[0][0] if row else none -%}
   {%- endif -%}
   {%- if stored is none -%}{{ return(none) }}{%- endif -%}
   {{ return({'literal': cdclake.stored_position(stored), 'stored': stored, 'new': stored != previous}) }}
 {%- endmacro %}
 
+
+{#- SQL: position struct `p` as the text stored_position reads ("<order,...>;<offset>"; null for a null `p`). -#}
+{% macro stored_position_text(p) -%}
+  concat(concat_ws(',', transform({{ p }}.o, x -> cast(x as string))), ';', {{ p }}.f)
+{%- endmacro %}
 
 {#- "<order,...>;<offset>" as a position literal (each part must be an integer: the text comes from a property). -#}
 {% macro stored_position(text) -%}
