@@ -46,8 +46,9 @@
   {%- set latest = "max(case when op = 't' then named_struct('o', _cdc_order, 'r', 4, 'f', _cdc_offset) end)" -%}
   {%- set late = '0' -%}
   {%- if previous is not none -%}
-    {%- set latest = 'greatest(' ~ latest ~ ', ' ~ cdclake.stored_position(previous) ~ ')' -%}
-    {%- set late = "count_if(op <> 't' and named_struct('o', _cdc_order, 'r', " ~ cdclake.op_rank('op') ~ ", 'f', _cdc_offset) < " ~ cdclake.stored_position(previous) ~ ")" -%}
+    {%- set applied = cdclake.stored_position(previous) -%}
+    {%- set latest = 'greatest(' ~ latest ~ ', ' ~ applied ~ ')' -%}
+    {%- set late = "count_if(op <> 't' and named_struct('o', _cdc_order, 'r', " ~ cdclake.op_rank('op') ~ ", 'f', _cdc_offset) < " ~ applied ~ ")" -%}
   {%- endif -%}
   {%- set row = run_query("select units, late, " ~ cdclake.stored_position_text('p') ~ " from (select count_if(op = 't') as units, " ~ late ~ " as late, " ~ latest ~ " as p from (" ~ input_sql ~ ") unit_of_work)").rows[0] -%}
   {%- do found.update({'unit': row[0] > 0, 'stored': row[2]}) -%}
