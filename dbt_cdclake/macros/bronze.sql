@@ -115,8 +115,10 @@
   {%- endfor -%}
   {%- set source_type = types.get('source', '') -%}
   {%- set source_ts_expr = 'timestamp_millis(source.ts_ms)' if source_type.startswith('struct') else "timestamp_millis(cast(get_json_object(source, '$.ts_ms') as bigint))" -%}
-  {#- What the layout is made of: a run whose signature silver's properties hold needs no schema check. -#}
-  {%- set signature = local_md5(tojson([types, input_sql, keys, config.get('columns'), config.get('exclude_columns')])) -%}
+  {#- What the layout is made of: a run whose signature silver's properties hold needs no schema check. The last
+      item names the metadata columns this version of cdclake keeps, so a table an earlier one checked is checked
+      once more (evolve_silver_schema adds them). -#}
+  {%- set signature = local_md5(tojson([types, input_sql, keys, config.get('columns'), config.get('exclude_columns'), 'values_position'])) -%}
   {{ return({
       'key_columns': keys, 'key_exprs': key_exprs, 'document': document, 'image_columns': image_columns,
       'image_expr': 'after', 'extra_columns': extra_columns, 'source_ts_expr': source_ts_expr,

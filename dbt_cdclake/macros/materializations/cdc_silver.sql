@@ -145,7 +145,7 @@
 
     {%- if existing is none -%}
       {%- set winners = identifier ~ '__cdc_winners' -%}
-      {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(input_sql, layout)) %}
+      {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(cdclake.after_truncate_sql(input_sql, truncate), layout)) %}
       {%- set after_truncate = "true" if truncate is none else (cdclake.position('w') ~ ' > ' ~ truncate.literal) -%}
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
           the other order left a silver table without tombstones, on which every later run failed. -#}
@@ -158,7 +158,8 @@
         using iceberg
         tblproperties ({{ cdclake.silver_table_properties() }})
         as select {{ cdclake.silver_select(layout, 'w') }}
-          {%- if delete_mode == 'soft' %}, w._cdc_op = 'd' as _cdc_deleted, case when w._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at{% endif %}
+          {%- if delete_mode == 'soft' %}, w._cdc_op = 'd' as _cdc_deleted, case when w._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at,
+          case when w._cdc_op = 'd' then coalesce(w._cdc_prior_position, {{ cdclake.no_values_position() }}) end as _cdc_values_position{% endif %}
         from {{ winners }} w
         where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
@@ -313,6 +314,10 @@
   {%- if properties.get('cdclake.layout_signature') == layout.signature -%}{{ return(layout) }}{%- endif -%}
   {%- set held = {} -%}
   {%- for name in cdclake.describe_columns(target) %}{% do held.update({name | lower: name}) %}{% endfor -%}
+  {#- cdclake's own columns that a table built by an earlier version lacks (its rows hold NULL there: unknown). -#}
+  {%- if delete_mode == 'soft' and config.get('history', 'current') == 'current' and '_cdc_values_position' not in held -%}
+    {% do run_query('alter table ' ~ target ~ ' add columns (_cdc_values_position ' ~ cdclake.values_position_type() ~ ')') %}
+  {%- endif -%}
   {%- set columns = cdclake.data_columns(layout) -%}
   {%- set missing_keys = [] -%}
   {%- for key in layout.key_columns if key | lower not in held %}{% do missing_keys.append(key) %}{% endfor -%}
@@ -699,6 +704,16 @@
   {%- endset -%}
   {%- set below = 'true' if applied_position is none else ("named_struct('o', i._cdc_order, 'r', " ~ cdclake.op_rank('i.op') ~ ", 'f', i._cdc_offset) <= " ~ cdclake.position_literal(applied_position)) -%}
   {%- set looked_up = ("i.op = 'd' or " ~ below) if delete_mode == 'soft' else below -%}
+  {%- if delete_mode == 'soft' -%}
+    {#- Soft deletes: where the values of silver's row come from (its own change; a soft-deleted row's kept values:
+        _cdc_values_position, null on rows written before cdclake kept it, where it is unknown) ... -#}
+    {%- set held_values = "case when t._cdc_op = 'd' then t._cdc_values_position else " ~ cdclake.position('t') ~ " end" -%}
+    {#- ... so a winning delete keeps silver's values unless the unit holds newer ones, and a change older than
+        silver's soft-deleted row but newer than the values it kept (a late one) gives it its values, the delete
+        staying: what --full-refresh, which sees every change in one unit, gives. -#}
+    {%- set keeps_held_values = "(s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= coalesce(" ~ held_values ~ ", " ~ cdclake.position('t') ~ ")))" -%}
+    {%- set late_values = "(t._cdc_op = 'd' and " ~ cdclake.position('s') ~ " < " ~ cdclake.position('t') ~ " and s._cdc_has_image and s._cdc_prior_position > t._cdc_values_position)" -%}
+  {%- endif -%}
   create or replace table {{ batch }}
   using iceberg
   tblproperties ('format-version' = '2', 'write.parquet.compression-codec' = 'snappy', 'write.distribution-mode' = 'none',
@@ -708,18 +723,25 @@
     s.{{ cdclake.quote(key) }},
     {%- endfor %}
     {%- for column in columns if column not in keys %}
-    {% if delete_mode == 'soft' %}case when s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= {{ cdclake.position('t') }}) then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
+    {% if delete_mode == 'soft' %}case when {{ keeps_held_values }} then t.{{ cdclake.quote(column) }} else s.{{ cdclake.quote(column) }} end{% else %}s.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }},
     {%- endfor %}
-    s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at
-    {%- if delete_mode == 'soft' %},
-    s._cdc_op = 'd' as _cdc_deleted, case when s._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at
-    {%- else %},
+    {%- if delete_mode == 'soft' %}
+    {%- for column in ['_cdc_order', '_cdc_op', '_cdc_offset', '_cdc_source_ts'] %}
+    case when {{ late_values }} then t.{{ column }} else s.{{ column }} end as {{ column }},
+    {%- endfor %}
+    s._cdc_applied_at,
+    s._cdc_op = 'd' or {{ late_values }} as _cdc_deleted,
+    case when {{ late_values }} then t._cdc_deleted_at when s._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at,
+    case when {{ late_values }} then s._cdc_prior_position when s._cdc_op <> 'd' then null
+      when {{ keeps_held_values }} then {{ held_values }} else coalesce(s._cdc_prior_position, {{ cdclake.no_values_position() }}) end as _cdc_values_position
+    {%- else %}
+    s._cdc_order, s._cdc_op, s._cdc_offset, s._cdc_source_ts, s._cdc_applied_at,
     bx._cdc_found is not null as _cdc_has_tombstone
     {%- endif %}
-  from (select {{ cdclake.silver_select(layout, 'w') }}{% if delete_mode == 'soft' %}, w._cdc_has_image, w._cdc_prior_position{% endif %} from ({{ cdclake.net_effect_sql(input_sql, layout) }}) w) s
+  from (select {{ cdclake.silver_select(layout, 'w') }}{% if delete_mode == 'soft' %}, w._cdc_has_image, w._cdc_prior_position{% endif %} from ({{ cdclake.net_effect_sql(cdclake.after_truncate_sql(input_sql, truncate), layout) }}) w) s
   left join (
     select {{ hint }} {% for key in keys %}t.{{ cdclake.quote(key) }}, {% endfor %}t._cdc_order, t._cdc_op, t._cdc_offset,
-      {%- if delete_mode == 'soft' %}{% for column in columns if column not in keys %} t.{{ cdclake.quote(column) }},{% endfor %}{% endif %} true as _cdc_found
+      {%- if delete_mode == 'soft' %}{% for column in columns if column not in keys %} t.{{ cdclake.quote(column) }},{% endfor %} t._cdc_source_ts, t._cdc_deleted_at, t._cdc_values_position,{% endif %} true as _cdc_found
     from {{ target }} t
     left semi join (select {{ input_keys }} and ({{ looked_up }})) k on {{ cdclake.key_match(keys, 't', 'k') }}
   ) t on {{ cdclake.key_match(keys, 's', 't') }}
@@ -737,7 +759,7 @@
     group by {% for key in keys %}b.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   ) b on {{ cdclake.key_match(keys, 's', 'b') }}
   {%- endif %}
-  where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }})
+  where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }}{% if delete_mode == 'soft' %} or {{ late_values }}{% endif %})
   {#- A delete of a key deleted at its position already, at another offset (a replay), is that delete: nothing to do
       (applied again, it would move the delete's _cdc_deleted_at, and with it the tombstone horizon). The same
       record read again is applied (see "a delete at its tombstone's position" in docs/silver.md). -#}
@@ -747,9 +769,29 @@
     and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = b._cdc_position))
     and not (s._cdc_op = 'd' and s._cdc_order <=> bx._cdc_position.o and s._cdc_offset <> bx._cdc_position.f)
   {%- endif %}
-  {%- if truncate is not none %}
-    and {{ cdclake.position('s') }} > {{ truncate.literal }}
-  {%- endif %}
+{%- endmacro %}
+
+
+{#- The changes of `input_sql` a truncate (`truncate_position`: this unit's or the latest applied one) leaves: an
+    older one is void, as a key's winner and as the change whose values a soft-deleted row keeps. -#}
+{% macro after_truncate_sql(input_sql, truncate) -%}
+  {%- if truncate is none -%}
+  {{ input_sql }}
+  {%- else -%}
+  select * from ({{ input_sql }}) i
+  where named_struct('o', i._cdc_order, 'r', {{ cdclake.op_rank('i.op') }}, 'f', i._cdc_offset) > {{ truncate.literal }}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- The position a soft-deleted row whose key had no values before its delete keeps (it holds nulls): below every
+    change's, so that any later-landing change before the delete gives it values. -#}
+{% macro no_values_position() -%}
+  named_struct('o', cast(array() as array<bigint>), 'r', -1, 'f', cast(-1 as bigint))
+{%- endmacro %}
+
+{% macro values_position_type() -%}
+  struct<o: array<bigint>, r: int, f: bigint>
 {%- endmacro %}
 
 
@@ -790,7 +832,7 @@
 {#- The batch's rows that silver holds from now on (every row in soft mode: a delete is a flagged row). -#}
 {% macro silver_insert_sql(layout, batch, relation, delete_mode) -%}
   {%- set columns = cdclake.data_columns(layout) -%}
-  {%- set metadata = ['_cdc_order', '_cdc_op', '_cdc_offset', '_cdc_source_ts', '_cdc_applied_at'] + (['_cdc_deleted', '_cdc_deleted_at'] if delete_mode == 'soft' else []) -%}
+  {%- set metadata = ['_cdc_order', '_cdc_op', '_cdc_offset', '_cdc_source_ts', '_cdc_applied_at'] + (['_cdc_deleted', '_cdc_deleted_at', '_cdc_values_position'] if delete_mode == 'soft' else []) -%}
   insert into {{ relation }} ({% for column in columns %}{{ cdclake.quote(column) }}, {% endfor %}{{ metadata | join(', ') }})
   select {% for column in columns %}s.{{ cdclake.quote(column) }}, {% endfor %}{% for column in metadata %}s.{{ column }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ batch }} s
