@@ -435,9 +435,12 @@ class SilverHarness:
     def build(self, topic: Topic | MongoTopic, *extra: str) -> bool:
         return run_dbt(self.settings, ["build", "--select", topic.table, *extra])
 
+    def has_silver(self, topic: Topic | MongoTopic) -> bool:
+        """Whether the topic's model has built silver (not while its bronze table holds only truncates)."""
+        return bool(self.spark.sql(f"show tables in silver like '{topic.table}'").collect())
+
     def silver(self, topic: Topic, where: str = "true") -> dict[int, str | None]:
-        # A model whose bronze table holds only truncates so far has no silver table yet: no rows.
-        if not self.spark.sql(f"show tables in silver like '{topic.table}'").collect():
+        if not self.has_silver(topic):
             return {}
         rows = self.spark.sql(f"select id, v from silver.{topic.table} where {where}").collect()
         ids = [row["id"] for row in rows]
@@ -445,6 +448,8 @@ class SilverHarness:
         return {row["id"]: row["v"] for row in rows}
 
     def history(self, topic: Topic) -> list[Version]:
+        if not self.has_silver(topic):
+            return []
         rows = self.spark.sql(
             f"select id, v, _cdc_valid_from[0] as valid_from, _cdc_valid_to[0] as valid_to, _cdc_is_current,"
             f" _cdc_op, _cdc_offset from silver.{topic.table}"
@@ -462,6 +467,8 @@ class SilverHarness:
 
     def documents(self, topic: MongoTopic) -> dict[str, Any]:
         """Silver's documents by key (parsed JSON)."""
+        if not self.has_silver(topic):
+            return {}
         rows = self.spark.sql(f"select id, _cdc_document from silver.{topic.table}").collect()
         return {row["id"]: orjson.loads(row["_cdc_document"]) for row in rows}
 
