@@ -136,36 +136,26 @@ class Topic:
         self.next_offset += 1
         return line
 
-    def expected(self) -> dict[int, str | None]:
-        """Reference model: per key the latest change over everything landed; a truncate voids older ones."""
+    def unvoided(self) -> list[tuple[Any, Change]]:
+        """Every landed change but truncates and the changes older than the latest truncate, with its position."""
         truncates = [c.position(o) for c, o in self.landed if c.op == "t"]
         cutoff = max(truncates) if truncates else None
-        latest: dict[int, tuple[Any, Change]] = {}
-        for change, offset in self.landed:
-            position = change.position(offset)
-            if change.op == "t" or (cutoff is not None and position < cutoff):
-                continue
-            if change.id not in latest or position > latest[change.id][0]:
-                latest[change.id] = (position, change)
-        return {key: change.v for key, (_, change) in latest.items() if change.op != "d"}
+        positioned = [(change.position(offset), change) for change, offset in self.landed if change.op != "t"]
+        return [(position, change) for position, change in positioned if cutoff is None or position > cutoff]
+
+    def expected(self) -> dict[int, str | None]:
+        """Reference model: per key the latest change over everything landed; a truncate voids older ones."""
+        return {key: change.v for key, change in _latest(self.unvoided()).items() if change.op != "d"}
 
     def expected_deleted(self) -> dict[int, str | None]:
         """Reference model for delete_mode='soft': the keys whose latest change is a delete, each with the value of
         its latest change that is not a delete (None: it has none). A truncate voids older changes here too."""
-        truncates = [c.position(o) for c, o in self.landed if c.op == "t"]
-        cutoff = max(truncates) if truncates else None
-        latest: dict[int, tuple[Any, Change]] = {}
-        values: dict[int, tuple[Any, Change]] = {}
-        for change, offset in self.landed:
-            position = change.position(offset)
-            if change.op == "t" or (cutoff is not None and position < cutoff):
-                continue
-            if change.id not in latest or position > latest[change.id][0]:
-                latest[change.id] = (position, change)
-            if change.op != "d" and (change.id not in values or position > values[change.id][0]):
-                values[change.id] = (position, change)
+        unvoided = self.unvoided()
+        values = _latest([(position, change) for position, change in unvoided if change.op != "d"])
         return {
-            key: values[key][1].v if key in values else None for key, (_, change) in latest.items() if change.op == "d"
+            key: values[key].v if key in values else None
+            for key, change in _latest(unvoided).items()
+            if change.op == "d"
         }
 
     def expected_history(self, soft: bool = False) -> list[Version]:
@@ -208,6 +198,15 @@ class Topic:
                     Version(key, position[0], position[2], op, None if op in "dt" else v, valid_to, following is None)
                 )
         return sorted(rows)
+
+
+def _latest(changes: list[tuple[Any, Change]]) -> dict[int, Change]:
+    """Per key, its change with the greatest position."""
+    latest: dict[int, tuple[Any, Change]] = {}
+    for position, change in changes:
+        if change.id not in latest or position > latest[change.id][0]:
+            latest[change.id] = (position, change)
+    return {key: change for key, (_, change) in latest.items()}
 
 
 @dataclass(frozen=True, order=True)
