@@ -632,7 +632,8 @@ def test_a_late_change_gives_a_soft_deleted_row_the_values_a_rebuild_gives(harne
     # Key 1 keeps this unit's update, key 2 silver's row, key 4 (never seen) nothing.
     harness.apply(topic, [Change(U, 1, 5, "a5"), Change(D, 1, 10), Change(D, 2, 10), Change(D, 4, 10)], dumps, config)
     assert harness.silver(topic, "_cdc_deleted") == {1: "a5", 2: "b", 4: None}
-    deleted = harness.rows(table, "id, _cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at", "id", "_cdc_deleted")
+    metadata = "id, _cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at"
+    deleted = harness.rows(table, metadata, "id", "_cdc_deleted")
     late = [
         Change(U, 1, 7, "a7"),  # between the kept values (5) and the delete (10)
         Change(U, 1, 4, "a4"),  # older than the kept values
@@ -645,8 +646,7 @@ def test_a_late_change_gives_a_soft_deleted_row_the_values_a_rebuild_gives(harne
     expected = {1: "a7", 2: "b6", 4: "d8"}
     assert harness.silver(topic, "_cdc_deleted") == expected
     assert harness.silver(topic, "not _cdc_deleted") == {3: "c"}
-    columns = "id, _cdc_order, _cdc_op, _cdc_offset, _cdc_deleted_at"
-    assert harness.rows(table, columns, "id", "_cdc_deleted") == deleted
+    assert harness.rows(table, metadata, "id", "_cdc_deleted") == deleted
     harness.apply(topic, [Change(U, 1, 6, "a6")], dumps, config)  # older than key 1's kept values (7)
     assert harness.silver(topic, "_cdc_deleted") == expected
     assert harness.build(topic, "--full-refresh")
