@@ -709,10 +709,12 @@
         _cdc_values_position, null on rows written before cdclake kept it, where it is unknown) ... -#}
     {%- set held_values = "case when t._cdc_op = 'd' then t._cdc_values_position else " ~ cdclake.position('t') ~ " end" -%}
     {#- ... so a winning delete keeps silver's values unless the unit holds newer ones, and a change older than
-        silver's soft-deleted row but newer than the values it kept (a late one) gives it its values, the delete
-        staying: what --full-refresh, which sees every change in one unit, gives. -#}
+        silver's soft-deleted row but newer than the values it kept (a late one, or one beside a replay of the
+        row's delete) gives it its values, the delete staying: what --full-refresh, which sees every change in one
+        unit, gives. A delete of a key deleted at its position already, at another offset, is a replay of it. -#}
     {%- set keeps_held_values = "(s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= coalesce(" ~ held_values ~ ", " ~ cdclake.position('t') ~ ")))" -%}
-    {%- set late_values = "(t._cdc_op = 'd' and " ~ cdclake.position('s') ~ " < " ~ cdclake.position('t') ~ " and s._cdc_has_image and s._cdc_prior_position > t._cdc_values_position)" -%}
+    {%- set replayed_delete = "(s._cdc_op = 'd' and t._cdc_op <=> 'd' and s._cdc_order = t._cdc_order and s._cdc_offset <> t._cdc_offset)" -%}
+    {%- set late_values = "(t._cdc_op = 'd' and (" ~ cdclake.position('s') ~ " < " ~ cdclake.position('t') ~ " or " ~ replayed_delete ~ ") and s._cdc_has_image and s._cdc_prior_position > t._cdc_values_position)" -%}
   {%- endif -%}
   create or replace table {{ batch }}
   using iceberg
@@ -761,10 +763,11 @@
   {%- endif %}
   where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }}{% if delete_mode == 'soft' %} or {{ late_values }}{% endif %})
   {#- A delete of a key deleted at its position already, at another offset (a replay), is that delete: nothing to do
-      (applied again, it would move the delete's _cdc_deleted_at, and with it the tombstone horizon). The same
-      record read again is applied (see "a delete at its tombstone's position" in docs/silver.md). -#}
+      (applied again, it would move the delete's _cdc_deleted_at, and with it the tombstone horizon), but for the
+      newer values its unit may give a soft-deleted row. The same record read again is applied (see "a delete at its
+      tombstone's position" in docs/silver.md). -#}
   {%- if delete_mode == 'soft' %}
-    and not (s._cdc_op = 'd' and t._cdc_op <=> 'd' and s._cdc_order = t._cdc_order and s._cdc_offset <> t._cdc_offset)
+    and not ({{ replayed_delete }} and not coalesce({{ late_values }}, false))
   {%- else %}
     and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = b._cdc_position))
     and not (s._cdc_op = 'd' and s._cdc_order <=> bx._cdc_position.o and s._cdc_offset <> bx._cdc_position.f)
