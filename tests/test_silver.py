@@ -193,8 +193,13 @@ def test_a_change_older_than_a_truncate_gives_a_soft_deleted_row_no_values(harne
     later = [Change(U, 2, 21, "q"), Change(D, 2, 34), Change(U, 3, 20, "x"), Change(D, 3, 40)]
     harness.apply(topic, later, dumps, config)
     assert harness.silver(topic, "_cdc_deleted") == {2: None, 3: None} == topic.expected_deleted()
+    # Values silver's rows hold from before a truncate: of a live row deleted in the truncate's unit, and of a row
+    # deleted before a truncate that lands later but is older than the delete.
+    harness.apply(topic, [Change(C, 4, 50, "e"), Change(C, 5, 51, "f"), Change(D, 5, 90)], dumps, config)
+    harness.apply(topic, [Change(D, 4, 95), Change(T, 0, 70)], dumps, config)  # keys 2 and 3: older, gone
+    assert harness.silver(topic, "_cdc_deleted") == {4: None, 5: None} == topic.expected_deleted()
     assert harness.build(topic, "--full-refresh")
-    assert harness.silver(topic, "_cdc_deleted") == {2: None, 3: None}
+    assert harness.silver(topic, "_cdc_deleted") == {4: None, 5: None}
     assert harness.silver(topic, "not _cdc_deleted") == {}
 
 

@@ -27,6 +27,8 @@ C, U, D = "c", "u", "d"
 
 
 def images(harness: SilverHarness, topic: Topic, where: str = "true") -> dict[int, tuple[str | None, int | None]]:
+    if not harness.has_silver(topic):
+        return {}
     rows = harness.spark.sql(f"select id, v, n from silver.{topic.table} where {where}").collect()
     return {row["id"]: (row["v"], row["n"]) for row in rows}
 

@@ -197,6 +197,9 @@
         {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
+        {%- if new_truncate and delete_mode == 'soft' -%}
+          {% do run_query(cdclake.void_kept_values_sql(layout, staged, truncate)) %}
+        {%- endif -%}
         {%- if inserts_rows -%}
           {% do run_query(cdclake.silver_insert_sql(layout, batch, staged, delete_mode)) %}
         {%- endif -%}
@@ -712,7 +715,9 @@
         silver's soft-deleted row but newer than the values it kept (a late one, or one beside a replay of the
         row's delete) gives it its values, the delete staying: what --full-refresh, which sees every change in one
         unit, gives. A delete of a key deleted at its position already, at another offset, is a replay of it. -#}
-    {%- set keeps_held_values = "(s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= coalesce(" ~ held_values ~ ", " ~ cdclake.position('t') ~ ")))" -%}
+    {%- set held_position = "coalesce(" ~ held_values ~ ", " ~ cdclake.position('t') ~ ")" -%}
+    {#- (Values from before a truncate are void: a row that holds such values keeps none.) -#}
+    {%- set keeps_held_values = "(s._cdc_op = 'd' and t._cdc_found and (not s._cdc_has_image or s._cdc_prior_position <= " ~ held_position ~ ")" ~ (" and " ~ held_position ~ " > " ~ truncate.literal if truncate is not none else "") ~ ")" -%}
     {%- set replayed_delete = "(s._cdc_op = 'd' and t._cdc_op <=> 'd' and s._cdc_order = t._cdc_order and s._cdc_offset <> t._cdc_offset)" -%}
     {%- set late_values = "(t._cdc_op = 'd' and (" ~ cdclake.position('s') ~ " < " ~ cdclake.position('t') ~ " or " ~ replayed_delete ~ ") and s._cdc_has_image and s._cdc_prior_position > t._cdc_values_position)" -%}
   {%- endif -%}
@@ -784,6 +789,17 @@
   select * from ({{ input_sql }}) i
   where named_struct('o', i._cdc_order, 'r', {{ cdclake.op_rank('i.op') }}, 'f', i._cdc_offset) > {{ truncate.literal }}
   {%- endif -%}
+{%- endmacro %}
+
+
+{#- With soft deletes, a new truncate also voids the values that rows soft-deleted after it kept from changes
+    before it (a truncate landing late, or in the delete's unit): they keep none, as --full-refresh gives. Rows whose
+    values are of an unknown change (null _cdc_values_position) keep them. -#}
+{% macro void_kept_values_sql(layout, relation, truncate) -%}
+  update {{ relation }} set
+  {%- for column in cdclake.data_columns(layout) if column not in layout.key_columns %} {{ cdclake.quote(column) }} = null,{% endfor %}
+    _cdc_values_position = {{ cdclake.no_values_position() }}
+  where _cdc_op = 'd' and _cdc_values_position < {{ truncate.literal }} and _cdc_values_position > {{ cdclake.no_values_position() }}
 {%- endmacro %}
 
 
