@@ -442,9 +442,9 @@ def test_broker_outage_is_survived_and_reported(tmp_path: Path) -> None:
             # The clock runs from the last progress, which an idle ingester reports once per poll (1 s).
             assert detected_s >= unhealthy_after_s - 1.5, f"unhealthy after only {detected_s:.1f}s"
             assert detected_s < SESSION_TIMEOUT_S - 1, f"unhealthy only after {detected_s:.1f}s (group session expiry)"
-            status, body = healthz(port)
-            assert status == 503
-            assert "no broker reachable" in body, body
+            # The stall can be reported before librdkafka has found every broker down (as in (a)): the reason must
+            # come all the same, while the broker is down.
+            wait_until(unhealthy_naming_the_broker, 60, "/healthz to name the broker while it is down (idle)")
             tansu = restart(tansu)
             delivered |= set(tansu.produce(waves[2]))
             recovered_b = wait_until(
