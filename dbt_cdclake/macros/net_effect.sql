@@ -20,6 +20,11 @@
   named_struct('o', {{ alias }}._cdc_order, 'r', {{ cdclake.op_rank(alias ~ '._cdc_op') }}, 'f', {{ alias }}._cdc_offset)
 {%- endmacro %}
 
+{#- The same of a bronze row, whose op is in `op`. -#}
+{% macro change_position(alias) -%}
+  named_struct('o', {{ alias }}._cdc_order, 'r', {{ cdclake.op_rank(alias ~ '.op') }}, 'f', {{ alias }}._cdc_offset)
+{%- endmacro %}
+
 
 {#-
   Rows of the same key: null-safe (a key column may be null, as a column named in `keys` or a part of a key

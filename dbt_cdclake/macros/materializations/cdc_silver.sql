@@ -145,13 +145,13 @@
 
     {%- if existing is none -%}
       {%- set winners = identifier ~ '__cdc_winners' -%}
+      {#- The winners are all newer than the truncate: the changes it voids are left out before net effect. -#}
       {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(cdclake.after_truncate_sql(input_sql, truncate), layout)) %}
-      {%- set after_truncate = "true" if truncate is none else (cdclake.position('w') ~ ' > ' ~ truncate.literal) -%}
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
           the other order left a silver table without tombstones, on which every later run failed. -#}
       {%- if delete_mode == 'hard' -%}
         {%- if not replacing %}{% do run_query('drop table if exists ' ~ tombstones) %}{% endif -%}
-        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, after_truncate, replacing)) %}
+        {% do run_query(cdclake.create_tombstones_sql(tombstones, layout, winners, replacing)) %}
       {%- endif -%}
       {%- call statement('main') -%}
         create {% if replacing %}or replace {% endif %}table {{ target }}
@@ -161,7 +161,7 @@
           {%- if delete_mode == 'soft' %}, w._cdc_op = 'd' as _cdc_deleted, case when w._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at,
           case when w._cdc_op = 'd' then coalesce(w._cdc_prior_position, {{ cdclake.no_values_position() }}) end as _cdc_values_position{% endif %}
         from {{ winners }} w
-        where {{ after_truncate }} {% if delete_mode == 'hard' %}and w._cdc_op <> 'd'{% endif %}
+        {% if delete_mode == 'hard' %}where w._cdc_op <> 'd'{% endif %}
       {%- endcall -%}
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
@@ -487,14 +487,14 @@
 {%- endmacro %}
 
 
-{% macro create_tombstones_sql(tombstones, layout, winners, after_truncate, replace=false) -%}
+{% macro create_tombstones_sql(tombstones, layout, winners, replace=false) -%}
   create {% if replace %}or replace {% endif %}table {{ tombstones }}
   using iceberg
   tblproperties ({{ cdclake.silver_table_properties(rows=false) }})
   as select {% for key in layout.key_columns %}w.{{ cdclake.quote(key) }}, {% endfor %}w._cdc_order, w._cdc_op, w._cdc_offset,
     current_timestamp() as _cdc_deleted_at
   from {{ winners }} w
-  where w._cdc_op = 'd' and {{ after_truncate }}
+  where w._cdc_op = 'd'
 {%- endmacro %}
 
 
@@ -705,7 +705,7 @@
   {%- set input_keys -%}
     {%- for key in keys %}{{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %} from ({{ input_sql }}) i where i.op in ('c', 'u', 'd', 'r')
   {%- endset -%}
-  {%- set below = 'true' if applied_position is none else ("named_struct('o', i._cdc_order, 'r', " ~ cdclake.op_rank('i.op') ~ ", 'f', i._cdc_offset) <= " ~ cdclake.position_literal(applied_position)) -%}
+  {%- set below = 'true' if applied_position is none else (cdclake.change_position('i') ~ " <= " ~ cdclake.position_literal(applied_position)) -%}
   {%- set looked_up = ("i.op = 'd' or " ~ below) if delete_mode == 'soft' else below -%}
   {%- if delete_mode == 'soft' -%}
     {#- Soft deletes: where the values of silver's row come from (its own change; a soft-deleted row's kept values:
@@ -787,7 +787,7 @@
   {{ input_sql }}
   {%- else -%}
   select * from ({{ input_sql }}) i
-  where named_struct('o', i._cdc_order, 'r', {{ cdclake.op_rank('i.op') }}, 'f', i._cdc_offset) > {{ truncate.literal }}
+  where {{ cdclake.change_position('i') }} > {{ truncate.literal }}
   {%- endif -%}
 {%- endmacro %}
 
