@@ -227,7 +227,12 @@ class IngestSettings(_Section):
         default=10, ge=0, le=38, description="Scale of the decimal(38, s) column for VariableScaleDecimal values."
     )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve /metrics and /healthz here.")
-    unhealthy_after_s: float = Field(default=60.0, gt=0, description="/healthz fails after this long without progress.")
+    unhealthy_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="/healthz fails after this long without progress; `--once` gives up (exit status 2) on a Kafka "
+        "cluster no broker of which answered for this long.",
+    )
     skip_heartbeats: bool = Field(default=True, description="Skip Debezium heartbeat topics' records.")
 
     @field_validator("table_mapping")

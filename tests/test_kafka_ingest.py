@@ -18,7 +18,7 @@ from ingest.broker import Record, TansuBroker
 from ingest.cli import main as cli_main
 from ingest.errors import ConfigError
 from ingest.fakes import build_stream, continue_stream
-from ingest.sources.kafka import OffsetOutOfRangeError
+from ingest.sources.kafka import ClusterUnreachableError, OffsetOutOfRangeError
 from ingest.testing.kafka_mock import CONSUMER_SETTINGS as MOCK_CONSUMER_SETTINGS
 from ingest.testing.kafka_mock import MockKafkaCluster
 from tests.conftest import FIXTURES, ingest_file, make_settings
@@ -551,6 +551,95 @@ def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
             rf"error: {re.escape(topic)}\[0\]: bronze resumes this partition at offset 10", capsys.readouterr().err
         )
         assert bronze_coordinates(settings) == landed
+
+
+def test_once_gives_up_on_a_cluster_it_cannot_reach(lakehouse: Path) -> None:
+    """`--once` against a cluster no broker of which answers waited for ever (the service rightly does: librdkafka
+    reconnects and /healthz says why), so a scheduled run hung instead of failing. It now gives up after
+    ingest.unhealthy_after_s, exit status 2, naming the servers and librdkafka's last error."""
+    import socket
+    import subprocess
+
+    from tests.processes import cdclake_command
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    source = {
+        "type": "kafka",
+        "bootstrap_servers": f"127.0.0.1:{port}",
+        "topics": ["dbserver1.inventory.customers"],
+        "group_id": unique("cdclake-test-"),
+    }
+    make_settings(lakehouse, source=source, ingest={"unhealthy_after_s": 2})
+    started = time.monotonic()
+    # Before, this run never ended: the timeout makes that a failure.
+    done = subprocess.run(
+        [cdclake_command(), "--config", str(lakehouse / "cdclake.yml"), "--log-format", "text", "ingest", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 30
+    assert re.search(r"error: kafka: no broker reachable since \S+ \(last error: .*Connection refused", done.stderr)
+    assert "--once gave up after " in done.stderr
+    assert f"bootstrap_servers: 127.0.0.1:{port}" in done.stderr
+
+
+def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path) -> None:
+    """A `--once` run whose cluster goes away mid-topic gives up (above) and commits the records it read first:
+    the next run resumes after them, nothing lost, nothing twice. The client fetches one record batch at a time
+    (each record is a batch of its own), so the run is mid-topic when the mock cluster stops."""
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    topic = "dbserver1.inventory.customers"
+    records = _customer_records(12)
+    cluster = MockKafkaCluster().start()
+    try:
+        for record in records:
+            cluster.produce(topic, [record])
+        consumer = {
+            **MOCK_CONSUMER_SETTINGS,
+            "max.partition.fetch.bytes": "1",
+            "queued.max.messages.kbytes": "1",
+            "queued.min.messages": "1",
+        }
+        # Nothing is committed before the run ends (no latency flush): what bronze holds, the end committed.
+        settings = kafka_settings(
+            lakehouse, cluster, topics=[topic], consumer=consumer, unhealthy_after_s=1, latency_threshold_s=600
+        )
+        pipeline = build_pipeline(settings)
+
+        def stop_the_cluster(stats: Any) -> None:
+            if stats.records_in:
+                cluster.stop()  # the next calls find it stopped: a no-op
+
+        pipeline.on_progress = stop_the_cluster
+        outcome: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                pipeline.run(once=True)
+            except BaseException as exc:  # handed to the test's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(60)
+        if thread.is_alive():  # before, the run waited for the cluster for ever
+            pipeline.stop_requested.set()
+            thread.join(60)
+            pytest.fail("--once kept waiting for the cluster")
+    finally:
+        cluster.stop()
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], ClusterUnreachableError), outcome
+    assert "--once gave up after" in str(outcome[0])
+    read = pipeline.stats.records_in
+    assert 0 < read < len(records)
+    assert bronze_coordinates(settings) == {(topic, 0, offset): 1 for offset in range(read)}
 
 
 def test_a_transactional_topic_read_to_its_end_has_no_lag(lakehouse: Path) -> None:

@@ -45,7 +45,7 @@ def build_pipeline(settings: Settings) -> Pipeline:
         # The broker is unreachable (reason) or back (None): shown by /healthz once progress stalls.
         metrics.health_reason = "running" if reason is None else redact(reason, settings)
 
-    kafka = KafkaSource(source_settings, on_health=on_health)
+    kafka = KafkaSource(source_settings, on_health=on_health, give_up_after_s=settings.ingest.unhealthy_after_s)
     pipeline = Pipeline(settings.ingest, tables, kafka, metrics, poll_timeout_s=source_settings.poll_timeout_s)
     kafka.on_revoke = pipeline.revoke
     return pipeline

@@ -13,7 +13,9 @@ global errors (``error_cb``: all brokers down, transport, authentication, TLS) m
 it is not caught up (so an idle service stops reporting progress and ``/healthz`` fails after
 ``ingest.unhealthy_after_s``) and ``on_health`` gets the reason. A metadata request that succeeds (tried at most
 every ``PROBE_INTERVAL_S`` while unreachable) marks it reachable again; records still in the client's queue are
-no proof of that.
+no proof of that. ``--once`` does not wait for ever: unreachable for ``give_up_after_s`` (``unhealthy_after_s``),
+it raises :class:`ClusterUnreachableError` (what it read is committed when the closing consumer revokes its
+partitions).
 """
 
 from __future__ import annotations
@@ -55,6 +57,11 @@ JOIN_GRACE_S = 15.0
 
 class KafkaSourceError(CdclakeError):
     """The broker reported an error the client cannot recover from (message names topic/partition)."""
+
+
+class ClusterUnreachableError(KafkaSourceError):
+    """``--once``: no broker answered for ``give_up_after_s``; a scheduled run fails instead of waiting for ever.
+    Closing the consumer revokes its partitions, and the pipeline commits what it read before (``revoke``)."""
 
 
 class GroupJoinTimeoutError(KafkaSourceError):
@@ -132,11 +139,17 @@ def _coordinates(message: Message) -> tuple[str, int, int]:
 
 class KafkaSource:
     def __init__(
-        self, settings: SourceSettings, on_revoke: RevokeHook | None = None, on_health: HealthHook | None = None
+        self,
+        settings: SourceSettings,
+        on_revoke: RevokeHook | None = None,
+        on_health: HealthHook | None = None,
+        give_up_after_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.on_revoke = on_revoke
         self.on_health = on_health
+        # --once: how long the cluster may stay unreachable before caught_up raises (None: waited for, always).
+        self.give_up_after_s = give_up_after_s
         self._consumer: Consumer | None = None
         self._resolve: OffsetResolver | None = None
         self._assigned: set[tuple[str, int]] = set()
@@ -274,6 +287,19 @@ class KafkaSource:
             return
         self._reachable()
 
+    def _give_up_if_unreachable_too_long(self) -> None:
+        """``--once`` stops waiting for a cluster that stayed unreachable for ``give_up_after_s``: a scheduler must
+        see the run fail, not hang. (The service waits on: librdkafka reconnects, and ``/healthz`` reports it.)"""
+        if self._unreachable is None or self.give_up_after_s is None:
+            return
+        waited = time.time() - self._unreachable[0]
+        if waited >= self.give_up_after_s:
+            raise ClusterUnreachableError(
+                f"{self.health_reason}; --once gave up after {waited:.0f}s (ingest.unhealthy_after_s: "
+                f"{self.give_up_after_s:g}). bootstrap_servers: {self.settings.bootstrap_servers}. The records read "
+                "before are committed on the way out; the next run resumes from bronze's offsets"
+            )
+
     @property
     def health_reason(self) -> str | None:
         """Why the source cannot make progress (None when it can)."""
@@ -356,6 +382,8 @@ class KafkaSource:
 
     def caught_up(self, once: bool = False) -> bool:
         if self._unreachable is not None:
+            if once:
+                self._give_up_if_unreachable_too_long()
             return False  # cannot tell, and no progress is being made: not caught up
         if not self._assigned_once:
             if not (self._next_generation and time.monotonic() - self._join_started_at >= JOIN_GRACE_S):
