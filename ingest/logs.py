@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -12,6 +14,41 @@ from typing import Any, TextIO
 import orjson
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_MAX_REMEMBERED = 1024
+
+
+class RepeatFilter(logging.Filter):
+    """Lets a warning or error through once per ``window_s``; the first one after the window says how many it
+    stood for. Only the same text counts as the same line (one partition's offset reset does not hide another's);
+    lines below WARNING (librdkafka's ``debug``, turned on to see everything) all pass.
+
+    librdkafka logs a failing connection at every reconnect attempt: twice a second per broker while a cluster is
+    down (at cdclake's ``reconnect.backoff.ms``), 7,200 identical error lines an hour.
+    """
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self._shown: dict[tuple[int, str], tuple[float, int]] = {}  # line -> (when last shown, repeats held back)
+        self._lock = threading.Lock()  # librdkafka's log lines are served from the threads that poll
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.levelno, record.getMessage())
+        now = time.monotonic()
+        with self._lock:
+            shown, held = self._shown.get(key, (-math.inf, 0))
+            if now - shown < self.window_s:
+                self._shown[key] = (shown, held + 1)
+                return False
+            if len(self._shown) >= _MAX_REMEMBERED:
+                self._shown.clear()
+            self._shown[key] = (now, 0)
+        if held:
+            line = record.getMessage()
+            record.msg, record.args = f"{line} (repeated {held} more times in the last {now - shown:.0f}s)", ()
+        return True
 
 
 class JsonFormatter(logging.Formatter):

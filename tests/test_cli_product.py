@@ -723,6 +723,38 @@ def test_log_lines_print_above_the_progress_line(monkeypatch: pytest.MonkeyPatch
     assert handler.stream is configured  # restored
 
 
+def test_repeated_warnings_are_logged_once_a_window_with_their_count() -> None:
+    """librdkafka logs a failing connection at every reconnect attempt, twice a second per broker for as long as a
+    cluster is down. Its logger lets each warning or error through once a window, then says how many it held
+    back; other lines (another text, a lower level) pass."""
+    from ingest.logs import RepeatFilter
+
+    logger = logging.getLogger("cdclake.test.repeats")
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger.addHandler(Keep())
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    logger.addFilter(RepeatFilter(window_s=0.3))
+    for _ in range(5):
+        logger.error("%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connect to 127.0.0.1:1 failed: Connection refused")
+        logger.error("FAIL: Connect to 127.0.0.1:2 failed")  # another broker's: a line of its own
+        logger.info("a line below WARNING")
+    time.sleep(0.35)
+    logger.error("%s [%s] %s", "FAIL", "rdkafka#consumer-1", "Connect to 127.0.0.1:1 failed: Connection refused")
+    lines = [record.getMessage() for record in records]
+    assert lines.count("a line below WARNING") == 5
+    assert lines.count("FAIL: Connect to 127.0.0.1:2 failed") == 1
+    refused = [line for line in lines if "127.0.0.1:1" in line]
+    assert refused[0] == "FAIL [rdkafka#consumer-1] Connect to 127.0.0.1:1 failed: Connection refused"
+    assert len(refused) == 2
+    assert refused[1].endswith("Connection refused (repeated 4 more times in the last 0s)")
+
+
 def test_expiry_keeps_silvers_snapshot_when_a_later_one_is_stamped_earlier() -> None:
     """Iceberg's expiry keeps main's snapshots from the newest back to the first older than its cutoff. Bronze is
     written by hosts whose clocks differ (pyiceberg on the ingester's, Spark on maintenance's): a snapshot after the

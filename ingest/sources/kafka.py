@@ -30,9 +30,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from ingest.config import SECRET_KEY_PATTERN, SourceSettings
 from ingest.debezium.envelope import RawRecord
 from ingest.errors import CdclakeError, ConfigError
+from ingest.logs import RepeatFilter
 from ingest.sources.base import OffsetResolver, TopicSelection
 
 log = logging.getLogger(__name__)
+# librdkafka's own log lines, each repeated warning or error once a minute (RepeatFilter says why).
+librdkafka_log = logging.getLogger(f"{__name__}.librdkafka")
+librdkafka_log.addFilter(RepeatFilter())
 
 RevokeHook = Callable[[list[tuple[str, int]]], None]
 # Called with a reason when no broker can be reached, and with None once one answers again.
@@ -197,7 +201,7 @@ class KafkaSource:
         self._metadata_refresh_s = int(config.get("topic.metadata.refresh.interval.ms", 300000)) / 1000
         self._cooperative = "cooperative" in strategy or self._next_generation
         try:
-            self._consumer = Consumer(config, logger=log)
+            self._consumer = Consumer(config, logger=librdkafka_log)
         except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
             error = exc.args[0] if exc.args else exc
             reason = error.str() if isinstance(error, KafkaError) else str(error)
