@@ -222,7 +222,13 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
 def _print_silver(console: Console, spark: Any, settings: Settings, stream: FakeStream, table: str) -> None:
     frame = spark.sql(f"select * from {settings.lakehouse.silver_namespace}.{table} order by 1 limit 6")
     columns = [c for c in frame.columns if not c.startswith("_cdc_") or c in ("_cdc_op", "_cdc_document")]
-    view = Table(title=f"silver.{table}  ({stream.source})", title_justify="left")
+    # As many columns as the console shows legibly (~14 characters each; 80 columns squeezed names to 4 a line).
+    fits = max(console.width // 14, 3)
+    hidden = max(len(columns) - fits, 0)
+    if hidden:
+        columns = [*columns[: fits - 1], columns[-1]]  # the key and the first columns, and _cdc_op / the document
+    caption = f"{hidden} more column(s): cdclake sql shows every one" if hidden else None
+    view = Table(title=f"silver.{table}  ({stream.source})", title_justify="left", caption=caption)
     for column in columns:
         view.add_column(column, overflow="fold", max_width=36)
     for row in frame.collect():
