@@ -206,7 +206,7 @@ def start_session_beside(settings: Settings, command: Sequence[str]) -> threadin
     wait for a start in progress) and applies the profile's settings as usual. Should this start fail, dbt starts
     the session itself from the profile, and says why if that fails too.
     """
-    if not _queries_session(settings, command) or _running_session() is not None:
+    if not queries_session(settings, command) or _running_session() is not None:
         return None
     from ingest.spark import prepare_driver_process
 
@@ -238,7 +238,7 @@ def _reuse_session(settings: Settings, command: Sequence[str]) -> bool:
     run's profile carries none when the session runs already. When it does not, dbt starts it from the profile's
     settings, as plain dbt does with the well-known profile, which keeps them all.
     """
-    if not _queries_session(settings, command) or _running_session() is None:
+    if not queries_session(settings, command) or _running_session() is None:
         return False
     from ingest.spark import spark_session
 
@@ -246,7 +246,7 @@ def _reuse_session(settings: Settings, command: Sequence[str]) -> bool:
     return True
 
 
-def _queries_session(settings: Settings, command: Sequence[str]) -> bool:
+def queries_session(settings: Settings, command: Sequence[str]) -> bool:
     """Whether the dbt command sends SQL to the session target."""
     subcommand = next((arg for arg in command if not arg.startswith("-")), None)  # after any global flags
     if subcommand not in QUERYING_COMMANDS or {"-h", "--help", "--profile"} & set(command):

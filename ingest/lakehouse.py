@@ -74,12 +74,32 @@ def load_catalog(settings: Settings) -> Any:
                 raise
             time.sleep(0.2 * attempt)
         except OperationalError as exc:
-            # The driver's own words (host unknown, refused, authentication), first line only, secrets removed.
-            reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
-            raise CatalogUnavailableError(
-                f"lakehouse.catalog_uri: cannot open the Iceberg catalog database: {redact(reason, settings)}"
-            ) from None
+            raise _unavailable(exc, settings) from None
     raise AssertionError("unreachable")
+
+
+def check_catalog_reachable(settings: Settings) -> None:
+    """Open the catalog database once, as pyiceberg does, and close it: a command about to start Spark on the
+    catalog fails at once with one line naming the setting, not after the JVM's start with a Java stack trace."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
+
+    engine = create_engine(pyiceberg_uri(settings))
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as exc:
+        raise _unavailable(exc, settings) from None
+    finally:
+        engine.dispose()
+
+
+def _unavailable(exc: Any, settings: Settings) -> CatalogUnavailableError:
+    """The driver's own words (host unknown, refused, authentication), first line only, secrets removed."""
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else type(exc).__name__
+    return CatalogUnavailableError(
+        f"lakehouse.catalog_uri: cannot open the Iceberg catalog database: {redact(reason, settings)}"
+    )
 
 
 def jdbc_catalog_conf(settings: Settings) -> dict[str, str]:

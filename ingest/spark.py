@@ -23,6 +23,9 @@ def prepare_driver_process() -> None:
 
 def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     """Create (or reuse) the process's SparkSession with every setting of this lakehouse."""
+    from ingest.lakehouse import check_catalog_reachable
+
+    check_catalog_reachable(settings)  # one line naming the setting, rather than the JVM's stack trace
     prepare_driver_process()
     from pyspark.sql import SparkSession
 

@@ -127,6 +127,9 @@ def test_secrets_never_reach_logs_errors_status_or_metrics(
             ("status --json", config_a, ["status", "--json", "--lag-timeout", "2"]),
             ("status, catalog unreachable", config_c, ["status"]),
             ("ingest --once, catalog unreachable", config_c, ["ingest", "--once", "--no-progress"]),
+            # Spark's clients: one line naming the setting before a JVM starts (before, its stack trace, twice).
+            ("dbt run, catalog unreachable", config_c, ["dbt", "run"]),
+            ("sql, catalog unreachable", config_c, ["sql", "select 1"]),
             ("dbt-profile", config_a, ["dbt-profile"]),
         ]:
             run = Cdclake(config, *args, root=root)
@@ -164,9 +167,11 @@ def test_secrets_never_reach_logs_errors_status_or_metrics(
         assert isinstance(orjson.loads(line), dict), f"not a JSON log line: {line}"
     for where, text in shown.items():
         assert_no_secret(where, text)
-    assert "error" in shown["status, catalog unreachable"].lower()
-    assert "cannot open the Iceberg catalog database" in shown["status, catalog unreachable"]
-    assert "Traceback" not in shown["status, catalog unreachable"]
+    for name in ("status", "dbt run", "sql"):
+        output = shown[f"{name}, catalog unreachable"]
+        assert "error: lakehouse.catalog_uri: cannot open the Iceberg catalog database" in output, output
+        assert "Traceback" not in output, output
+        assert "at org.apache" not in output, output
 
 
 def test_hostile_topic_names_become_plain_identifiers() -> None:
