@@ -151,3 +151,28 @@ def test_a_table_that_cannot_be_read_is_reported_and_the_rest_scaffolded(lakehou
     report = scaffold(tables, tmp_path / "project")
     assert report.skipped[broken].startswith("could not be read: "), report.skipped
     assert sorted(path.stem for path in report.written if path.suffix == ".sql") == names[1:]
+
+
+def test_the_command_writes_only_into_a_dbt_project(lakehouse: Path, tmp_path: Path) -> None:
+    """`cdclake scaffold` with `dbt.project_dir` naming a folder without dbt_project.yml (a new or mistyped path)
+    wrote models there that no `dbt build` would ever run, and said nothing. It now refuses, naming the setting; in
+    a dbt project it writes the models as before."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+    from ingest.errors import ConfigError
+
+    land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    make_settings(lakehouse, dbt={"project_dir": str(project)})  # rewrites cdclake.yml, same lakehouse
+    config = str(lakehouse / "cdclake.yml")
+    refused = CliRunner().invoke(cli, ["--config", config, "scaffold"])
+    assert isinstance(refused.exception, ConfigError), refused.output
+    assert str(refused.exception).startswith(f"dbt.project_dir: {project} is not a dbt project (no dbt_project.yml)")
+    assert not project.exists()
+
+    project.mkdir()
+    (project / "dbt_project.yml").write_text("name: mine\nprofile: cdclake\nconfig-version: 2\n")
+    written = CliRunner().invoke(cli, ["--config", config, "scaffold"])
+    assert written.exit_code == 0, written.output
+    assert (project / "models" / "silver" / "dbserver1_inventory_customers.sql").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ingest.cli.common import config_option, settings_from
+from ingest.errors import ConfigError
 
 
 @click.command()
@@ -26,8 +27,14 @@ def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
     from ingest.scaffold import scaffold as run_scaffold
 
     settings = settings_from(ctx)
+    project = project_dir(settings)
+    if not (project / "dbt_project.yml").is_file():  # models written there would never run
+        raise ConfigError(
+            f"dbt.project_dir: {project} is not a dbt project (no dbt_project.yml): point it at yours, or copy "
+            "cdclake's dbt_project/ there (docs/silver.md)"
+        )
     tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
-    report = run_scaffold(tables, project_dir(settings), select, "scd2" if history == "scd2" else "current")
+    report = run_scaffold(tables, project, select, "scd2" if history == "scd2" else "current")
     for path in report.written:
         click.echo(f"wrote {path}")
     for path in report.kept:
