@@ -175,27 +175,19 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
         table = bronze_table_name(stream.data_topic)
         _print_silver(console, spark, settings, stream, table)
         checks.append(check_source(spark, stream, table, settings.lakehouse.silver_namespace))
-    summary = Table(title="silver vs. the source tables' final state")
-    for column in (
-        "source",
-        "silver table",
-        "rows expected",
-        "rows in silver",
-        "changes applied",
-        "freshness",
-        "check",
-    ):
-        summary.add_column(column)
+    # Narrow enough for 80 columns (each source's silver table is named above its rows).
+    summary = Table(title="silver vs. the source tables' final state (rows)")
+    for column in ("source", "expected", "in silver", "changes", "last applied (UTC)", "check"):
+        summary.add_column(column, no_wrap=True)
     for check, stream in zip(checks, fakes, strict=True):
         freshness = spark.sql(
             f"select max(_cdc_source_ts) as last_change, max(_cdc_applied_at) as applied from "
             f"{settings.lakehouse.silver_namespace}.{check.table}"
         ).collect()[0]
         changes = sum(1 for record in stream.records if record.topic == stream.data_topic and record.value is not None)
-        lag = "n/a" if freshness["applied"] is None else f"applied {freshness['applied']:%H:%M:%S}"
+        lag = "n/a" if freshness["applied"] is None else f"{freshness['applied']:%Y-%m-%d %H:%M:%S}"
         summary.add_row(
             check.source,
-            f"silver.{check.table}",
             str(check.expected_rows),
             str(check.silver_rows),
             str(changes),
@@ -214,7 +206,8 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
         "\n[bold]Try next:[/]\n"
         f'  cdclake --config {root / "cdclake-demo.yml"} sql "select * from silver.{checks[0].table} limit 5"\n'
         f"  cdclake --config {root / 'cdclake-demo.yml'} status\n"
-        "  cdclake demo --more          # stream more changes and apply them incrementally\n"
+        "  cdclake demo --more          # stream more changes and apply them incrementally\n",
+        soft_wrap=True,  # commands stay whole lines, to copy
     )
     return True
 
