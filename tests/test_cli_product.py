@@ -492,6 +492,12 @@ def test_status_with_an_unreachable_broker_shows_na_and_no_secrets(
         assert shown.exit_code == 0
         assert "SASL auth failed with password ***" in shown.stdout
         assert secret not in shown.output
+    # One line for the reason, not one per partition (an unreachable broker is every partition's reason).
+    notes = [line for line in invoke(["--config", config, "status"]).stdout.splitlines() if "lag n/a" in line]
+    assert len(notes) == 1, notes
+    partitions = [f"{o['topic']}[{o['partition']}]" for table in document["tables"] for o in table["offsets"]]
+    assert len(partitions) > 1
+    assert notes[0].startswith(f"lag n/a: {', '.join(partitions)}: SASL auth failed"), notes
 
 
 @pytest.mark.kafka

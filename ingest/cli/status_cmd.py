@@ -121,7 +121,7 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
         ("dead letters", "right"),
     ):
         bronze.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    lag_notes: list[str] = []
+    lag_notes: dict[str, list[str]] = {}  # why the lag is unknown -> the partitions it is unknown for
     for table in status.tables:
         dead = sum(table.dead_letters.values())
         bronze.add_row(
@@ -132,15 +132,18 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
             _lag(table, status.lag_checked),
             Text(f"{dead:,}", style="red") if dead else Text("0"),
         )
-        lag_notes.extend(
-            f"{p.topic}[{p.partition}]: {p.lag_error}" for p in table.partitions if status.lag_checked and p.lag_error
-        )
+        for p in table.partitions:
+            if status.lag_checked and p.lag_error:
+                lag_notes.setdefault(p.lag_error, []).append(f"{p.topic}[{p.partition}]")
     if not status.tables:
         console.print(f"no bronze tables in {status.catalog}.{status.bronze_namespace}")
     else:
         console.print(bronze)
-    for note in dict.fromkeys(lag_notes):
-        console.print(Text(f"lag n/a: {note}", style="yellow"))
+    # One line per reason: an unreachable broker is one reason for every partition, not a line each.
+    for reason, listed in lag_notes.items():
+        partitions = list(dict.fromkeys(listed))  # a topic's partitions may be in an old table and a new one
+        named = ", ".join(partitions[:3]) + (f" and {len(partitions) - 3} more" if len(partitions) > 3 else "")
+        console.print(Text(f"lag n/a: {named}: {reason}", style="yellow"))
 
     silvers = [table for table in status.tables if table.silver is not None]
     if silvers:
