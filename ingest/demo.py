@@ -51,12 +51,15 @@ def streams(rounds: int) -> list[FakeStream]:
     return result
 
 
-def demo_settings(root: Path, bootstrap: str, topics: list[str]) -> Settings:
+def demo_settings(root: Path, bootstrap: str, topics: list[str], project_dir: Path) -> Settings:
+    """The demo's settings, also written to ``root/cdclake-demo.yml`` for the commands it suggests next (every one
+    of them, `cdclake dbt` and `scaffold` included, reads the same lakehouse and dbt project)."""
     root.mkdir(parents=True, exist_ok=True)
     config = {
         "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": f"sqlite:///{root / 'catalog.db'}"},
         "source": {"type": "kafka", "bootstrap_servers": bootstrap, "topics": topics, "group_id": "cdclake-demo"},
         "ingest": {"latency_threshold_s": 2.0},
+        "dbt": {"project_dir": str(project_dir)},
     }
     path = root / "cdclake-demo.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -145,7 +148,7 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
             f"[green]✓[/] published {len(records)} change records (Db2, Informix, Oracle, MongoDB; round {rounds})"
         )
 
-        settings = demo_settings(root, broker.bootstrap_servers, topics)
+        settings = demo_settings(root, broker.bootstrap_servers, topics, project_root / "dbt_project")
         tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
         pipeline = Pipeline(settings.ingest, tables, KafkaSource(settings.require_source()))
         with console.status("cdclake ingest --once: landing change records in Iceberg bronze"):
@@ -156,9 +159,6 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
         )
     state_path.write_bytes(orjson.dumps({"rounds": rounds}))
 
-    settings = settings.model_copy(
-        update={"dbt": settings.dbt.model_copy(update={"project_dir": str(project_root / "dbt_project")})}
-    )
     report = scaffold(tables, project_root / "dbt_project")
     console.print(f"[green]✓[/] scaffold: {len(report.written)} file(s) written, {len(report.kept)} kept as edited")
     with console.status("starting Spark"):
@@ -206,6 +206,7 @@ def run(project_root: Path, rounds_delta: int = 0, console: Console | None = Non
         "\n[bold]Try next:[/]\n"
         f'  cdclake --config {root / "cdclake-demo.yml"} sql "select * from silver.{checks[0].table} limit 5"\n'
         f"  cdclake --config {root / 'cdclake-demo.yml'} status\n"
+        f"  cdclake --config {root / 'cdclake-demo.yml'} dbt test     # silver's data tests again\n"
         "  cdclake demo --more          # stream more changes and apply them incrementally\n",
         soft_wrap=True,  # commands stay whole lines, to copy
     )

@@ -28,6 +28,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from ingest.bronze.dead_letters import dead_letters_landed_up_to, landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
+from ingest.bronze.rows import INGESTED_AT_COLUMN
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.errors import ConfigError
@@ -35,7 +36,6 @@ from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY
 
 log = logging.getLogger(__name__)
 
-INGESTED_AT_COLUMN = "_cdc_ingested_at"
 APPLIED_AT_COLUMN = "_cdc_applied_at"
 DEFAULT_STALE_AFTER_S = 3600.0
 

@@ -577,3 +577,16 @@ def test_a_topic_pattern_librdkafka_cannot_match_is_refused(tmp_path: Path, patt
     for fine in (r"^dbserver[0-9]\..*", r"^db1\.inventory\.\w+$", r"^a\\d"):  # GNU's \w; an escaped backslash
         path = write(tmp_path, yaml.safe_dump({"source": {"type": "kafka", "topic_pattern": fine}}))
         assert load_settings(path, environ={}).require_source().topic_pattern == fine
+
+
+def test_the_demo_writes_a_config_its_suggested_commands_can_use(tmp_path: Path) -> None:
+    """`make demo` suggests `cdclake --config lakehouse/cdclake-demo.yml ...`: that file must name the demo's dbt
+    project, or `cdclake dbt` looked for one beside the file (`lakehouse/dbt_project`) and found none."""
+    from ingest.dbt_runner import project_dir
+    from ingest.demo import demo_settings
+
+    project = tmp_path / "dbt_project"
+    demo_settings(tmp_path / "lakehouse", "127.0.0.1:9092", ["server1.transaction"], project)
+    written = load_settings(tmp_path / "lakehouse" / "cdclake-demo.yml", environ={})
+    assert project_dir(written) == project
+    assert written.lakehouse.warehouse == str(tmp_path / "lakehouse" / "warehouse")

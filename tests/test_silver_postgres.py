@@ -235,3 +235,23 @@ def test_the_toast_stream_holds_the_placeholder_in_each_form(built: SilverHarnes
     rows = {row["id"]: row for row in built.rows("silver.pgreal_toast_inventory_documents", order="id")}
     assert rows[1]["tags"] is None  # the last update set it to NULL: a null an update carries is a value
     assert rows[3]["body"].startswith("gamma ")
+
+
+def test_source_freshness_reads_when_each_bronze_table_last_landed_a_record(built: SilverHarness) -> None:
+    """`dbt source freshness`: the scaffolded sources name bronze's landing time (`_cdc_ingested_at`), so thresholds
+    set for them in dbt_project.yml (silver.md, "Freshness") are checked against the last record landed. Without
+    it dbt has nothing to measure on Spark and checks nothing."""
+    project_file = built.project / "dbt_project.yml"
+    original = project_file.read_text()
+    table = "pgreal_main_inventory_customers"
+    project_file.write_text(
+        original + "\nsources:\n  cdclake_project:\n    +freshness:\n      error_after: {count: 1, period: day}\n"
+    )
+    try:
+        assert run_dbt(built.settings, ["source", "freshness", "--select", f"source:bronze.{table}", "--write-json"])
+    finally:
+        project_file.write_text(original)
+    results = orjson.loads((built.project / "target" / "sources.json").read_bytes())["results"]
+    assert [(r["unique_id"], r["status"]) for r in results] == [(f"source.cdclake_project.bronze.{table}", "pass")]
+    landed = built.rows(f"bronze.{table}", "max(_cdc_ingested_at) as at")[0]["at"]  # the session's zone is UTC
+    assert dt.datetime.fromisoformat(results[0]["max_loaded_at"]) == landed.replace(tzinfo=dt.UTC)

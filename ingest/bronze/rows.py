@@ -59,7 +59,8 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 LAST_KAFKA_TS_MS = (dt.datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=dt.UTC) - _EPOCH) // dt.timedelta(
     milliseconds=1
 )
-PARTITION_SOURCE_COLUMN = "_cdc_ingested_at"
+INGESTED_AT_COLUMN = "_cdc_ingested_at"  # when cdclake landed the record: freshness, lag, the partitions
+PARTITION_SOURCE_COLUMN = INGESTED_AT_COLUMN
 # cdclake's own columns beside a record's: a top-level value field of one of these names is a dead letter (it would
 # replace the record's Kafka coordinates, or make two columns of one name).
 RESERVED_COLUMNS = frozenset(f.name for f in [*COORDINATE_FIELDS, *CHANGE_FIELDS]) | {"key"}
