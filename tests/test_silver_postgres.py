@@ -153,14 +153,15 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
         )
     models.append(models[-1] + "_history")
     # The scaffolded data tests run too: keys unique, equals a recomputation, no key whose last change deletes it.
-    assert run_dbt(harness.settings, ["build", "--select", *models]), "dbt build failed"
+    # Two models at a time (`--threads`): their runs share one SparkSession and commit to one catalog.
+    assert run_dbt(harness.settings, ["build", "--select", *models, "--threads", "2"]), "dbt build failed"
     harness.land_lines("toast-streamed", toast[len(snapshot) :], dumps, ingest)
     harness.land_lines("toastmap-streamed", hstore_map[len(snapshot) :], dumps, ingest)
     harness.land_lines("toastjson-streamed", schemaless[len(snapshot) :], dumps, ingest)
     dead_letters = f"{harness.settings.lakehouse.bronze_namespace}.{DEAD_LETTER_TABLE}"
     if load_catalog(harness.settings).table_exists(dead_letters):  # made by the first dead letter
         assert harness.rows(dead_letters, "_cdc_topic, _cdc_offset", "1, 2", "_cdc_topic like 'pgreal%'") == []
-    assert run_dbt(harness.settings, ["build", "--select", *models[2:]]), "dbt build failed"
+    assert run_dbt(harness.settings, ["build", "--select", *models[2:], "--threads", "2"]), "dbt build failed"
     return harness
 
 
