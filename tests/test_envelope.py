@@ -57,7 +57,13 @@ def test_mongodb_update_with_update_description_only() -> None:
     [
         (None, b'{"op": "c", "after": {"id"', None, "value: not valid JSON"),
         (None, b'{"op": "c", "after": "\xff\xfe"}', None, "not valid UTF-8"),
-        ({"after": {"id": 1}, "source": SOURCE}, None, None, "no 'op' field"),
+        ({"after": {"id": 1}, "source": SOURCE}, None, None, "no 'op' field .*its fields: after, source"),
+        (
+            {"id": 1, "name": "x", "__op": "c", "__deleted": "false"},
+            None,
+            None,
+            "flattened by Debezium's ExtractNewRecordState SMT .* __deleted, __op",
+        ),
         ({"op": "x", "after": {"id": 1}, "source": SOURCE}, None, None, "unknown op 'x'"),
         ({"op": "c", "after": None, "source": SOURCE}, None, None, "op 'c' without an 'after' image"),
         ({"op": "c", "after": {"id": 1}, "source": {**SOURCE, "commit_lsn": "1e5"}}, None, None, "commit_lsn"),

@@ -142,7 +142,24 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
         return Envelope(RecordKind.TRANSACTION, key, key_schema, payload, value_schema, None)
     if "ddl" in payload or "tableChanges" in payload or "databaseName" in payload:
         return Envelope(RecordKind.SCHEMA_CHANGE, key, key_schema, payload, value_schema, None)
-    raise DecodeError("value has no 'op' field and is not a transaction or schema-change record")
+    if _FLATTENED_FIELDS & payload.keys():
+        # The most common Debezium deployment mistake for a consumer of change events: the connector's
+        # `transforms=unwrap` replaced each event by its row, so deletes and positions are gone.
+        raise DecodeError(
+            "value is a row flattened by Debezium's ExtractNewRecordState SMT (it has "
+            + ", ".join(sorted(_FLATTENED_FIELDS & payload.keys()))
+            + "), not a change event: cdclake needs the envelope (op, before, after, source); remove that "
+            "transform from the connector's `transforms`"
+        )
+    fields = sorted(payload)
+    shown = ", ".join(fields[:8]) + (f" and {len(fields) - 8} more" if len(fields) > 8 else "")
+    raise DecodeError(
+        f"value has no 'op' field and is not a transaction or schema-change record (its fields: {shown or 'none'})"
+    )
+
+
+# Fields ExtractNewRecordState adds to the row it leaves (`add.fields`, `delete.handling.mode=rewrite`).
+_FLATTENED_FIELDS = frozenset({"__op", "__deleted", "__source_ts_ms", "__ts_ms", "__lsn", "__table", "__db"})
 
 
 # -- the JSON converter's documents, with each distinct schema parsed once ------------------------------------------
