@@ -57,6 +57,7 @@ def test_mongodb_update_with_update_description_only() -> None:
     [
         (None, b'{"op": "c", "after": {"id"', None, "value: not valid JSON"),
         (None, b'{"op": "c", "after": "\xff\xfe"}', None, "not valid UTF-8"),
+        (None, b"\x00\x00\x00\x00\x07\x02\x06abc", None, "schema registry's wire format .*value.converter=org"),
         ({"after": {"id": 1}, "source": SOURCE}, None, None, "no 'op' field .*its fields: after, source"),
         (
             {"id": 1, "name": "x", "__op": "c", "__deleted": "false"},

@@ -68,6 +68,13 @@ def _parse(data: bytes, part: str) -> tuple[Any, dict[str, Any] | None]:
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        if data[:1] == b"\x00":
+            # Confluent's and Apicurio's serializers open each message with magic byte 0, then the schema's id.
+            raise DecodeError(
+                f"{part}: not JSON but a schema registry's wire format (magic byte 0): written by the Avro, "
+                f"Protobuf or JSON Schema converter; cdclake reads the JSON converter's documents "
+                f"({part}.converter=org.apache.kafka.connect.json.JsonConverter)"
+            ) from None
         reason = "not valid UTF-8" if "utf-8" in str(exc).lower() else "not valid JSON"
         raise DecodeError(f"{part}: {reason} ({exc})") from None
     if isinstance(document, dict) and document.keys() == {"schema", "payload"}:
