@@ -1177,6 +1177,45 @@ def test_a_column_option_naming_no_column_fails_the_run(harness: SilverHarness, 
     assert "(they have: id, v, n)" in message
 
 
+BAD_OPTIONS = {
+    "tombstone_horizon_days='30d'": "tombstone_horizon_days must be a whole number of days (0 or more), not '30d'",
+    "tombstone_horizon_days=-1": "tombstone_horizon_days must be a whole number of days (0 or more), not -1",
+    "delete_mode='sof'": "delete_mode must be 'hard' or 'soft', not 'sof'",
+    "history='scd3'": "history must be 'current' or 'scd2', not 'scd3'",
+    "on_schema_change='boom'": "on_schema_change must be 'append_new_columns', 'sync_all_columns', 'ignore' or "
+    "'fail', not 'boom'",
+    "ignore_null_updates='yes'": "ignore_null_updates must be true or false, not 'yes'",
+    "keys=[]": "keys must be a column name or a non-empty list of them, not []",
+    "columns={'v': 1}": "columns must be a column name or a non-empty list of them, not {'v': 1}",
+    "exclude_changes=1": "exclude_changes must be a SQL condition, not 1",
+}
+
+
+def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarness, dumps: Path) -> None:
+    """Each option's value is checked before the run reads anything. `tombstone_horizon_days='30d'` went through
+    `| int` as 0 and purged every tombstone at each run (a late change could then bring any deleted key back);
+    `on_schema_change` was checked only once silver existed, the others' wrong values were taken as some default.
+    An option name one or two letters off (dbt passes on any config) is a warning naming the option meant."""
+    topic = harness.topic("bad_options")
+    harness.land(topic, [Change(C, 1, 1, "a")], dumps)
+    names = [f"bad_options_{i}" for i in range(len(BAD_OPTIONS))]
+    for name, config in zip(names, BAD_OPTIONS, strict=True):
+        harness.write_model(topic, config, name=name)
+    harness.write_model(topic, "delete_mod='soft'", name="bad_options_typo")
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert not run_dbt(harness.settings, ["run", "--select", *names, "bad_options_typo"])
+    message = log.read_bytes()[start:].decode()
+    for name, expected in zip(names, BAD_OPTIONS.values(), strict=True):
+        assert f"cdc_silver model '{name}': {expected}" in message
+    assert (
+        "cdc_silver model 'bad_options_typo': config 'delete_mod' is not a cdc_silver option and is ignored; "
+        "did you mean 'delete_mode'?"
+    ) in message
+    built = {row["tableName"] for row in harness.spark.sql("show tables in silver like 'bad_options*'").collect()}
+    assert built == {"bad_options_typo", "bad_options_typo__cdc_tombstones"}  # the warning alone fails nothing
+
+
 # Both histories take one branch, before they part: the history variant runs with `make test-slow`.
 @pytest.mark.parametrize("history", ["current", pytest.param("scd2", marks=pytest.mark.slow)])
 def test_a_table_whose_first_change_is_a_truncate(harness: SilverHarness, dumps: Path, history: str) -> None:

@@ -47,14 +47,10 @@
   {%- set target = api.Relation.create(identifier=identifier, schema=schema, database=database, type='table') -%}
   {%- set tombstones = api.Relation.create(identifier=identifier ~ '__cdc_tombstones', schema=schema, database=database, type='table') -%}
   {%- set existing = adapter.get_relation(database=database, schema=schema, identifier=identifier) -%}
+  {% do cdclake.check_options() %}
   {%- set delete_mode = config.get('delete_mode', 'hard') -%}
-  {%- if delete_mode not in ['hard', 'soft'] -%}
-    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': delete_mode must be 'hard' or 'soft', not '" ~ delete_mode ~ "'") }}
-  {%- endif -%}
   {%- set history = config.get('history', 'current') -%}
-  {%- if history not in ['current', 'scd2'] -%}
-    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': history must be 'current' or 'scd2', not '" ~ history ~ "'") }}
-  {%- elif history == 'scd2' and config.get('tombstone_horizon_days') is not none -%}
+  {%- if history == 'scd2' and config.get('tombstone_horizon_days') is not none -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
   {%- endif -%}
   {%- set bronze = cdclake.bronze_relation() -%}
@@ -309,10 +305,7 @@
 -#}
 {% macro evolve_silver_schema(target, tombstones, layout, input_sql, delete_mode, properties) -%}
   {#- dbt gives every model on_schema_change='ignore' unless set: what the model (or project) says is what counts. -#}
-  {%- set mode = config.get('on_schema_change') if 'on_schema_change' in model.get('unrendered_config', {}) else 'append_new_columns' -%}
-  {%- if mode not in ['append_new_columns', 'sync_all_columns', 'ignore', 'fail'] -%}
-    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': on_schema_change must be 'append_new_columns', 'sync_all_columns', 'ignore' or 'fail', not '" ~ mode ~ "'") }}
-  {%- endif -%}
+  {%- set mode = config.get('on_schema_change') if 'on_schema_change' in cdclake.set_options() else 'append_new_columns' -%}
   {#- Nothing changed since a run that found silver matching the layout (the usual case): no query at all. -#}
   {%- if properties.get('cdclake.layout_signature') == layout.signature -%}{{ return(layout) }}{%- endif -%}
   {%- set held = {} -%}

@@ -1,0 +1,81 @@
+{#-
+  The cdc_silver options (docs/silver.md, "A model"), checked before a run reads anything: a value of the wrong
+  kind fails the run naming the option (`tombstone_horizon_days='30d'` used to purge every tombstone: `| int` made
+  it 0). dbt passes on every config it does not know, so an option name one or two letters off one of these (a
+  typo, which would silently leave the option at its default) is a warning naming the option meant.
+-#}
+{% macro check_options() -%}
+  {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
+  {%- set choices = {
+      'delete_mode': ['hard', 'soft'],
+      'history': ['current', 'scd2'],
+      'on_schema_change': ['append_new_columns', 'sync_all_columns', 'ignore', 'fail']} -%}
+  {%- for option, allowed in choices.items() -%}
+    {#- dbt gives every model on_schema_change='ignore' unless set: only what the model (or project) says counts. -#}
+    {%- set value = config.get(option) if option != 'on_schema_change' or option in cdclake.set_options() else none -%}
+    {%- if value is not none and value not in allowed -%}
+      {{ exceptions.raise_compiler_error(prefix ~ option ~ " must be " ~ cdclake.quoted_list(allowed) ~ ", not " ~ cdclake.shown(value)) }}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- for option in ['keys', 'columns', 'exclude_columns'] -%}
+    {%- set value = config.get(option) -%}
+    {%- set names = [value] if value is string else value -%}
+    {%- if value is not none and (names is not iterable or names is mapping or names | length == 0 or names | reject('string') | list or '' in names) -%}
+      {{ exceptions.raise_compiler_error(prefix ~ option ~ " must be a column name or a non-empty list of them, not " ~ cdclake.shown(value)) }}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- set value = config.get('ignore_null_updates') -%}
+  {%- if value is not none and value is not boolean -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "ignore_null_updates must be true or false, not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
+  {%- set value = config.get('tombstone_horizon_days') -%}
+  {%- if value is not none and (value is boolean or not (value is integer or (value is string and value.isdigit())) or value | int < 0) -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "tombstone_horizon_days must be a whole number of days (0 or more), not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
+  {%- for option in ['exclude_changes', 'batch_catalog', 'unavailable_value'] -%}
+    {%- set value = config.get(option) -%}
+    {%- if value is not none and (value is not string or (value == '' and option != 'unavailable_value')) -%}
+      {{ exceptions.raise_compiler_error(prefix ~ option ~ " must be " ~ ("a SQL condition" if option == 'exclude_changes' else "text") ~ ", not " ~ cdclake.shown(value)) }}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'batch_catalog', 'history', 'on_schema_change'] -%}
+  {%- for name in cdclake.set_options() if name not in known and name | length >= 4 -%}
+    {#- Names whose lengths differ by more than two are more than two edits apart: not compared. -#}
+    {%- for option in known if (name | length - option | length) | abs <= 2 and cdclake.edit_distance(name | lower, option) <= 2 -%}
+      {{ exceptions.warn(prefix ~ "config '" ~ name ~ "' is not a cdc_silver option and is ignored; did you mean '" ~ option ~ "'?") }}
+    {%- endfor -%}
+  {%- endfor -%}
+{%- endmacro %}
+
+
+{#- The config names the model (its config() call, its YAML, or dbt_project.yml) sets, as written. -#}
+{% macro set_options() -%}
+  {{ return(model.get('unrendered_config', {}).keys() | list) }}
+{%- endmacro %}
+
+
+{% macro quoted_list(values) -%}
+  {%- set quoted = [] -%}
+  {%- for value in values %}{% do quoted.append("'" ~ value ~ "'") %}{% endfor -%}
+  {{- quoted[:-1] | join(', ') ~ ' or ' ~ quoted[-1] -}}
+{%- endmacro %}
+
+
+{#- A config value as the model wrote it: text quoted, anything else as dbt read it. -#}
+{% macro shown(value) -%}
+  {{- "'" ~ value ~ "'" if value is string else value | string -}}
+{%- endmacro %}
+
+
+{#- Levenshtein distance of two short names (the number of letters to add, drop or change). -#}
+{% macro edit_distance(a, b) -%}
+  {%- set state = namespace(previous=range(b | length + 1) | list) -%}
+  {%- for i in range(1, a | length + 1) -%}
+    {%- set current = [i] -%}
+    {%- for j in range(1, b | length + 1) -%}
+      {%- do current.append([state.previous[j] + 1, current[j - 1] + 1, state.previous[j - 1] + (0 if a[i - 1] == b[j - 1] else 1)] | min) -%}
+    {%- endfor -%}
+    {%- set state.previous = current -%}
+  {%- endfor -%}
+  {{ return(state.previous[-1]) }}
+{%- endmacro %}
