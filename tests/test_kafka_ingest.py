@@ -284,8 +284,13 @@ def test_cooperative_rebalancing_is_supported(broker: TansuBroker, lakehouse: Pa
     assert set(counts.values()) == {1}
 
 
-def test_a_topic_created_after_start_is_waited_for(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
-    """Debezium creates topics lazily: the service must not die because its topic does not exist yet."""
+def test_a_topic_created_after_start_is_waited_for(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Debezium creates topics lazily: the service must not die because its topic does not exist yet. It says
+    which topic it waits for, and names the cluster's topics closest to it (a mistyped name waits for ever)."""
 
     from ingest.cli.ingest_cmd import build_pipeline
 
@@ -293,13 +298,20 @@ def test_a_topic_created_after_start_is_waited_for(broker: TansuBroker, lakehous
     stream = build_stream("db2", seed=6, n_keys=5, n_changes=10, partitions=1)
     records = [r for r in retopic(stream.records, prefix) if r.topic.endswith("CUSTOMERS")]
     topic = records[0].topic
+    broker.create_topics([topic[:-1]], partitions=1)  # the name the suggestion finds
     settings = kafka_settings(lakehouse, broker, topics=[topic], latency_threshold_s=1.0)
     pipeline = build_pipeline(settings)
     runner = threading.Thread(target=pipeline.run, daemon=True)
-    runner.start()
-    try:
+    with caplog.at_level(logging.WARNING, logger="ingest.sources.kafka"):
+        runner.start()
         time.sleep(2.0)
+    try:
         assert runner.is_alive(), "the ingester died because its topic did not exist yet"
+        missing = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
+        assert missing == [
+            f"kafka: subscribed topic {topic!r} does not exist (yet: Debezium creates a table's topic with its first "
+            f"change); did you mean {topic[:-1]!r}?"
+        ]
         expected = publish(broker, records, 1)
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and pipeline.stats.written < len(expected):

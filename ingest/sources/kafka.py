@@ -20,6 +20,7 @@ partitions).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -163,6 +164,7 @@ class KafkaSource:
         self._join_started_at = 0.0  # since when the first assignment is awaited with the cluster reachable
         self._join_deadline_s = 60.0
         self._join_warned = False
+        self._missing_warned: set[str] = set()  # subscribed topics the cluster does not have, warned about
         self._assigned_once = False
         self._assignment_changed_at = 0.0
         # The subscription's partitions per the cluster's metadata, and when they were read (None: never).
@@ -337,7 +339,10 @@ class KafkaSource:
                 # Debezium creates topics lazily: a topic that does not exist yet is waited for, not fatal.
                 if error.fatal() or error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
                     raise KafkaSourceError(f"{message.topic()}[{message.partition()}]: {error.str()}")
-                log.warning("kafka: %s", error.str())
+                if error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and message.topic():
+                    self._warn_missing_topic(str(message.topic()))
+                else:
+                    log.warning("kafka: %s", error.str())
                 continue
             offset = message.offset()
             timestamp_type, timestamp = message.timestamp()
@@ -486,6 +491,26 @@ class KafkaSource:
                     for partition in topic.partitions
                 }
         return frozenset(self._subscribed - self._assigned)
+
+    def _warn_missing_topic(self, topic: str) -> None:
+        """A subscribed topic the cluster does not have: waited for (Debezium creates a table's topic with its
+        first change), but a mistyped name would wait for ever, so the warning names the cluster's topics closest
+        to it. Once per topic and process."""
+        if topic in self._missing_warned:
+            return
+        self._missing_warned.add(topic)
+        assert self._consumer is not None
+        try:
+            names = [name for name in self._consumer.list_topics(timeout=5.0).topics if not name.startswith("__")]
+        except KafkaException:
+            names = []
+        close = difflib.get_close_matches(topic, names, n=3, cutoff=0.8)
+        log.warning(
+            "kafka: subscribed topic %r does not exist (yet: Debezium creates a table's topic with its first change)%s",
+            topic,
+            f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else "",
+            extra={"topic": topic},
+        )
 
     def _subscribes_to(self, topic: str) -> bool:
         return self._selection.follows(topic)
