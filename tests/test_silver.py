@@ -1201,6 +1201,31 @@ def test_a_compaction_of_bronze_between_runs_is_neither_missed_nor_applied_again
     assert harness.silver(topic) == {1: "a2", 3: "c2"}
 
 
+def test_an_empty_build_checks_the_models_and_applies_nothing(harness: SilverHarness, dumps: Path) -> None:
+    """`dbt build --empty` (dbt renders sources and refs as empty subqueries, to check a project without reading
+    its data): each model is checked against bronze's columns and nothing is applied, created or replaced, even
+    with --full-refresh; the shipped tests have nothing to test. It failed on SQL that read bronze's snapshots
+    from the subquery."""
+    topic = harness.topic("empty_build")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.write_tests(topic)
+    applied = harness.silver_snapshot(topic)
+    harness.land(topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4)], dumps)
+    for extra in ([], ["--full-refresh"]):
+        assert harness.build(topic, "--empty", *extra)
+        assert harness.silver_snapshot(topic) == applied
+    assert harness.silver(topic) == {1: "a", 2: "b"}
+    fresh = harness.topic("empty_build_new")
+    harness.land(fresh, [Change(C, 1, 1, "a")], dumps)
+    harness.write_model(fresh)
+    assert harness.build(fresh, "--empty")
+    assert not harness.has_silver(fresh)
+    harness.write_model(fresh, "keys=['nope']")
+    assert not harness.build(fresh, "--empty")  # the model is checked all the same
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a2"}
+
+
 BAD_OPTIONS = {
     "tombstone_horizon_days='30d'": "tombstone_horizon_days must be a whole number of days (0 or more), not '30d'",
     "tombstone_horizon_days=-1": "tombstone_horizon_days must be a whole number of days (0 or more), not -1",

@@ -59,6 +59,18 @@
 
   {{ run_hooks(pre_hooks) }}
 
+  {%- if bronze.limit is not none -%}
+    {#- `--empty`: dbt renders each source as an empty subquery, to check a project without reading its data. The
+        run checks the model against bronze's columns (its keys and column options included) and applies nothing:
+        silver is neither created nor replaced. -#}
+    {%- set plain = bronze.incorporate(limit=none) -%}
+    {%- do cdclake.silver_layout(plain, sql | replace(bronze | string, plain | string)) -%}
+    {{ log("cdclake: " ~ identifier ~ ": --empty: the model fits " ~ plain ~ "; nothing applied", info=true) }}
+    {%- call statement('main') -%} select * from ({{ sql }}) where false {%- endcall -%}
+    {{ run_hooks(post_hooks) }}
+    {{ return({'relations': [target]}) }}
+  {%- endif -%}
+
   {#- --full-refresh of an existing table: built as a first run is, but each table is replaced in one commit
       (`create or replace table ... as select`), so readers see the old table until the new one is there, and a
       rebuild that fails leaves the old one. -#}

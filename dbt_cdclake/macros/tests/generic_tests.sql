@@ -16,11 +16,24 @@
 {%- endmacro %}
 
 
+{#- `dbt build --empty` renders every ref and source as an empty subquery, to check a project without reading its
+    data: there is nothing to test then, and the tests' reads of table metadata (columns, snapshots) would fail on
+    a subquery. What each test is then: a query of no rows. -#}
+{% macro reads_no_data() -%}
+  {{ return(invocation_args_dict.get('empty', false)) }}
+{%- endmacro %}
+
+{% macro no_problems() -%}
+  select 'none' as problem where false
+{%- endmacro %}
+
+
 {#- Each key appears once in silver (in a history table: once among the current rows, each version once, also
     when replayed at another offset (the same position, op and image as the key's version before it: scd2.sql
     keeps the first copy), and a key's versions follow one another: each ends where the next starts, or before it
     where a hard delete or a truncate ended it; only the last may be open, and open is current). -#}
 {% test cdclake_keys_unique(model, keys) %}
+  {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
   select 'key in more than one current row' as problem, {{ by_key }}, count(*) as copies
@@ -136,6 +149,7 @@
     that change's values (recompute_value_columns: what an update does not carry is the fold's, not compared).
     `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
 {% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
+  {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set compared = cdclake.recompute_value_columns(model, bronze, shape) if execute else [] -%}
   {%- set key_list -%}{% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{%- endset -%}
@@ -177,6 +191,7 @@
 
 {#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
 {% test cdclake_no_deleted_keys(model, bronze, keys, bronze_where=none) %}
+  {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
