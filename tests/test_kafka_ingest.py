@@ -308,10 +308,12 @@ def test_a_topic_created_after_start_is_waited_for(
     try:
         assert runner.is_alive(), "the ingester died because its topic did not exist yet"
         missing = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
-        assert missing == [
+        assert len(missing) == 1, missing
+        # The closest first (the shared broker holds other tests' topics, some of them close too).
+        assert missing[0].startswith(
             f"kafka: subscribed topic {topic!r} does not exist (yet: Debezium creates a table's topic with its first "
-            f"change); did you mean {topic[:-1]!r}?"
-        ]
+            f"change); did you mean {topic[:-1]!r}"
+        ), missing
         expected = publish(broker, records, 1)
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and pipeline.stats.written < len(expected):
