@@ -30,6 +30,8 @@ class ScaffoldReport:
     kept: list[Path] = field(default_factory=list)  # edited by a person, left alone
     skipped: dict[str, str] = field(default_factory=dict)  # table -> reason
     existing: list[str] = field(default_factory=list)  # tables that have a model already
+    tables: list[str] = field(default_factory=list)  # bronze's tables (the dead-letter table aside)
+    selected: list[str] = field(default_factory=list)  # those the --select pattern matched (all without one)
 
 
 def _checksum(body: str) -> str:
@@ -205,15 +207,15 @@ def scaffold(
 ) -> ScaffoldReport:
     report = ScaffoldReport()
     names = [name for name in tables.list_tables() if name != DEAD_LETTER_TABLE]
+    report.tables = names
+    report.selected = [name for name in names if not select or fnmatch.fnmatch(name, select)]
     models = project_dir / "models" / "silver"
     namespace = tables.namespace
     sources = models / f"_{namespace}_sources.yml"
     _write(sources, yaml.safe_dump(sources_yaml(names, namespace), sort_keys=False), "#", report)
     modelled = {path.stem for path in (project_dir / "models").rglob("*.sql")}
     declared = declared_sources(project_dir / "models", namespace)
-    for name in names:
-        if select and not fnmatch.fnmatch(name, select):
-            continue
+    for name in report.selected:
         if name in modelled:
             report.existing.append(name)
             continue

@@ -176,3 +176,25 @@ def test_the_command_writes_only_into_a_dbt_project(lakehouse: Path, tmp_path: P
     written = CliRunner().invoke(cli, ["--config", config, "scaffold"])
     assert written.exit_code == 0, written.output
     assert (project / "models" / "silver" / "dbserver1_inventory_customers.sql").is_file()
+
+
+def test_the_command_says_why_there_is_nothing_to_scaffold(lakehouse: Path, tmp_path: Path) -> None:
+    """A `--select` pattern no table matches (a typo), or a lakehouse with no bronze table yet: said so, with the
+    tables there are, where it said "every bronze table has its silver model"."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+
+    land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "dbt_project.yml").write_text("name: mine\nprofile: cdclake\nconfig-version: 2\n")
+    make_settings(lakehouse, dbt={"project_dir": str(project)})
+    config = str(lakehouse / "cdclake.yml")
+    unmatched = CliRunner().invoke(cli, ["--config", config, "scaffold", "--select", "dbserver2_*"])
+    assert unmatched.exit_code == 0, unmatched.output
+    assert "nothing to scaffold: no table of bronze matches --select 'dbserver2_*' (dbserver1_" in unmatched.output
+    make_settings(tmp_path / "empty", dbt={"project_dir": str(project)})
+    empty = CliRunner().invoke(cli, ["--config", str(tmp_path / "empty" / "cdclake.yml"), "scaffold"])
+    assert empty.exit_code == 0, empty.output
+    assert "nothing to scaffold: bronze has no tables yet (`cdclake ingest` creates them)" in empty.output

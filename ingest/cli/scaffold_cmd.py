@@ -43,6 +43,14 @@ def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
         click.secho(f"skipped {table}: {reason}", fg="yellow", err=True)
     if report.existing and (report.written or report.skipped):
         click.echo(f"{len(report.existing)} table(s) have a model already (delete one to have it written again)")
-    if not report.written and not report.kept and not report.skipped:
+    namespace = settings.lakehouse.bronze_namespace
+    if not report.tables:
+        click.secho(f"nothing to scaffold: {namespace} has no tables yet (`cdclake ingest` creates them)", err=True)
+    elif not report.selected:
+        shown = ", ".join(report.tables[:10]) + (
+            f" and {len(report.tables) - 10} more" if len(report.tables) > 10 else ""
+        )
+        click.secho(f"nothing to scaffold: no table of {namespace} matches --select {select!r} ({shown})", err=True)
+    elif not report.written and not report.kept and not report.skipped:
         click.echo("nothing to scaffold: every bronze table has its silver model")
     return 0
