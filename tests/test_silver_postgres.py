@@ -256,3 +256,13 @@ def test_source_freshness_reads_when_each_bronze_table_last_landed_a_record(buil
     assert [(r["unique_id"], r["status"]) for r in results] == [(f"source.cdclake_project.bronze.{table}", "pass")]
     landed = built.rows(f"bronze.{table}", "max(_cdc_ingested_at) as at")[0]["at"]  # the session's zone is UTC
     assert dt.datetime.fromisoformat(results[0]["max_loaded_at"]) == landed.replace(tzinfo=dt.UTC)
+
+
+def test_pyiceberg_reads_silver_as_spark_does(built: SilverHarness) -> None:
+    """operations.md's query without a JVM: pyiceberg applies silver's position deletes (merge-on-read: the second
+    unit of work left some on this table) and reads the rows Spark reads."""
+    table = "silver.pgreal_toast_inventory_documents"
+    assert built.rows(f"{table}.delete_files", "count(*) as n")[0]["n"] > 0  # what makes the comparison mean something
+    scanned = load_catalog(built.settings).load_table(table).scan(selected_fields=("id", "body", "_cdc_order"))
+    by_pyiceberg = sorted(scanned.to_arrow().to_pylist(), key=lambda row: row["id"])
+    assert by_pyiceberg == built.rows(table, "id, body, _cdc_order", "id")
