@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import sys
 import threading
 import time
@@ -15,12 +16,21 @@ import orjson
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 _MAX_REMEMBERED = 1024
+# What differs between librdkafka's repeats of one line: "(after 1001ms in state UP, 3 identical error(s) suppressed)".
+_VARYING = re.compile(r"\b\d+ms\b|, \d+ identical error\(s\) suppressed")
+
+
+def _same(part: re.Match[str]) -> str:
+    """A varying part of a line as the filter compares it: any duration alike, the suppressed count left out."""
+    return "" if part.group().startswith(",") else "#ms"
 
 
 class RepeatFilter(logging.Filter):
     """Lets a warning or error through once per ``window_s``; the first one after the window says how many it
-    stood for. Only the same text counts as the same line (one partition's offset reset does not hide another's);
-    lines below WARNING (librdkafka's ``debug``, turned on to see everything) all pass.
+    stood for. Only the same text counts as the same line (one partition's offset reset does not hide another's),
+    but for the parts librdkafka varies in a repeated line: the time an attempt took (`after 0ms`, `after 1ms`)
+    and how many it suppressed itself. Lines below WARNING (librdkafka's ``debug``, turned on to see everything)
+    all pass.
 
     librdkafka logs a failing connection at every reconnect attempt: twice a second per broker while a cluster is
     down (at cdclake's ``reconnect.backoff.ms``), 7,200 identical error lines an hour.
@@ -35,7 +45,7 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = (record.levelno, record.getMessage())
+        key = (record.levelno, _VARYING.sub(_same, record.getMessage()))
         now = time.monotonic()
         with self._lock:
             shown, held = self._shown.get(key, (-math.inf, 0))
