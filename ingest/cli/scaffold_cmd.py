@@ -6,6 +6,7 @@ import click
 
 from ingest.cli.common import config_option, settings_from
 from ingest.errors import ConfigError
+from ingest.text import first_few
 
 
 @click.command()
@@ -47,9 +48,7 @@ def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
     if not report.tables:
         click.secho(f"nothing to scaffold: {namespace} has no tables yet (`cdclake ingest` creates them)", err=True)
     elif not report.selected:
-        shown = ", ".join(report.tables[:10]) + (
-            f" and {len(report.tables) - 10} more" if len(report.tables) > 10 else ""
-        )
+        shown = first_few(report.tables, 10)
         click.secho(f"nothing to scaffold: no table of {namespace} matches --select {select!r} ({shown})", err=True)
     elif not report.written and not report.kept and not report.skipped:
         click.echo("nothing to scaffold: every bronze table has its silver model")

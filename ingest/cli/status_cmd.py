@@ -23,6 +23,7 @@ from ingest.status import (
     stale_problems,
     status_document,
 )
+from ingest.text import first_few
 
 STALE_EXIT_CODE = 3
 
@@ -142,8 +143,7 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
     # One line per reason: an unreachable broker is one reason for every partition, not a line each.
     for reason, listed in lag_notes.items():
         partitions = list(dict.fromkeys(listed))  # a topic's partitions may be in an old table and a new one
-        named = ", ".join(partitions[:3]) + (f" and {len(partitions) - 3} more" if len(partitions) > 3 else "")
-        console.print(Text(f"lag n/a: {named}: {reason}", style="yellow"))
+        console.print(Text(f"lag n/a: {first_few(partitions, 3)}: {reason}", style="yellow"))
 
     silvers = [table for table in status.tables if table.silver is not None]
     if silvers:

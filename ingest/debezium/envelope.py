@@ -15,6 +15,7 @@ import orjson
 
 from ingest.debezium.ordering import ordering
 from ingest.errors import DecodeError
+from ingest.text import first_few
 
 OPS = frozenset("cudrt")
 HEARTBEAT_PREFIX = "__debezium-heartbeat"
@@ -158,10 +159,9 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
             + "), not a change event: cdclake needs the envelope (op, before, after, source); remove that "
             "transform from the connector's `transforms`"
         )
-    fields = sorted(payload)
-    shown = ", ".join(fields[:8]) + (f" and {len(fields) - 8} more" if len(fields) > 8 else "")
+    fields = first_few(sorted(payload), 8) or "none"
     raise DecodeError(
-        f"value has no 'op' field and is not a transaction or schema-change record (its fields: {shown or 'none'})"
+        f"value has no 'op' field and is not a transaction or schema-change record (its fields: {fields})"
     )
 
 

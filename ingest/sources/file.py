@@ -26,6 +26,7 @@ import orjson
 from ingest.debezium.envelope import RawRecord
 from ingest.errors import ConfigError
 from ingest.sources.base import OffsetResolver, TopicSelection
+from ingest.text import first_few
 
 log = logging.getLogger(__name__)
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -249,7 +250,7 @@ class FileSource:
                     "%s: left out %d record(s) of topic(s) not followed (source.topics / source.topic_pattern): %s",
                     self.path,
                     self.unselected,
-                    ", ".join(skipped[:6]) + (f" and {len(skipped) - 6} more" if len(skipped) > 6 else ""),
+                    first_few(skipped, 6),
                 )
             self._handle.close()
             self._handle = None

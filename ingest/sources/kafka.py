@@ -33,6 +33,7 @@ from ingest.debezium.envelope import RawRecord
 from ingest.errors import CdclakeError, ConfigError
 from ingest.logs import RepeatFilter
 from ingest.sources.base import OffsetResolver, TopicSelection
+from ingest.text import first_few
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, each repeated warning or error once a minute (RepeatFilter says why).
@@ -541,5 +542,4 @@ class KafkaSource:
 
 
 def _partition_list(partitions: frozenset[tuple[str, int]], shown: int = 6) -> str:
-    names = [f"{topic}[{partition}]" for topic, partition in sorted(partitions)]
-    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+    return first_few([f"{topic}[{partition}]" for topic, partition in sorted(partitions)], shown)
