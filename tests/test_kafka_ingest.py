@@ -608,11 +608,13 @@ def test_once_gives_up_on_a_cluster_it_cannot_reach(lakehouse: Path) -> None:
 def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path) -> None:
     """A `--once` run whose cluster goes away mid-topic gives up (above) and commits the records it read first:
     the next run resumes after them, nothing lost, nothing twice. The client fetches one record batch at a time
-    (each record is a batch of its own), so the run is mid-topic when the mock cluster stops."""
+    (each record is a batch of its own, and its queue holds about one), and the mock cluster stops as the first poll
+    that read a record returns: the run is a few records into a topic of 60. (It stopped at the first progress
+    report, by which a slow machine's polls, 0.2 s each, had read the whole topic of 12: CI saw it once.)"""
     from ingest.cli.ingest_cmd import build_pipeline
 
     topic = "dbserver1.inventory.customers"
-    records = _customer_records(12)
+    records = _customer_records(12) * 5  # the same changes again: offsets are what count here
     cluster = MockKafkaCluster().start()
     try:
         for record in records:
@@ -629,11 +631,15 @@ def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path)
         )
         pipeline = build_pipeline(settings)
 
-        def stop_the_cluster(stats: Any) -> None:
-            if stats.records_in:
-                cluster.stop()  # the next calls find it stopped: a no-op
+        poll = pipeline.source.poll
 
-        pipeline.on_progress = stop_the_cluster
+        def poll_then_stop_the_cluster(max_records: int, timeout_s: float) -> list[Any]:
+            batch = poll(max_records, timeout_s)
+            if batch:
+                cluster.stop()  # the next calls find it stopped: a no-op
+            return batch
+
+        pipeline.source.poll = poll_then_stop_the_cluster  # type: ignore[method-assign]
         outcome: list[BaseException] = []
 
         def run() -> None:
