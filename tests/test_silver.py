@@ -1229,6 +1229,8 @@ def test_an_empty_build_checks_the_models_and_applies_nothing(harness: SilverHar
 BAD_OPTIONS = {
     "tombstone_horizon_days='30d'": "tombstone_horizon_days must be a whole number of days (0 or more), not '30d'",
     "tombstone_horizon_days=-1": "tombstone_horizon_days must be a whole number of days (0 or more), not -1",
+    "history='scd2', tombstone_horizon_days=30": "tombstone_horizon_days does not apply to history='scd2' "
+    "(deletes are part of the history)",
     "delete_mode='sof'": "delete_mode must be 'hard' or 'soft', not 'sof'",
     "history='scd3'": "history must be 'current' or 'scd2', not 'scd3'",
     "on_schema_change='boom'": "on_schema_change must be 'append_new_columns', 'sync_all_columns', 'ignore' or "

@@ -32,6 +32,9 @@
   {%- if value is not none and (value is boolean or not (value is integer or (value is string and value.isdigit())) or value | int < 0) -%}
     {{ exceptions.raise_compiler_error(prefix ~ "tombstone_horizon_days must be a whole number of days (0 or more), not " ~ cdclake.shown(value)) }}
   {%- endif -%}
+  {%- if value is not none and config.get('history') == 'scd2' -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
+  {%- endif -%}
   {%- for option in ['exclude_changes', 'batch_catalog', 'unavailable_value'] -%}
     {%- set value = config.get(option) -%}
     {%- if value is not none and (value is not string or (value == '' and option != 'unavailable_value')) -%}

@@ -50,9 +50,6 @@
   {% do cdclake.check_options() %}
   {%- set delete_mode = config.get('delete_mode', 'hard') -%}
   {%- set history = config.get('history', 'current') -%}
-  {%- if history == 'scd2' and config.get('tombstone_horizon_days') is not none -%}
-    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
-  {%- endif -%}
   {%- set bronze = cdclake.bronze_relation() -%}
   {%- set horizon = config.get('tombstone_horizon_days') -%}
   {%- set removes_rows = false -%}
