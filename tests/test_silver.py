@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -1265,6 +1266,43 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     ) in message
     built = {row["tableName"] for row in harness.spark.sql("show tables in silver like 'bad_options*'").collect()}
     assert built == {"bad_options_typo", "bad_options_typo__cdc_tombstones"}  # the warning alone fails nothing
+
+
+def test_models_on_silver_follow_it(harness: SilverHarness, dumps: Path) -> None:
+    """A user's models on silver: a table, a view and a merge incremental that reads only the rows applied since its
+    last run (`_cdc_applied_at`), soft deletes included. With the reference project's `+file_format: iceberg` for
+    every model, dbt-spark replaces the table in one commit and allows the merge; with it set for silver alone, as
+    before, the merge failed to compile and the table was dropped, then created anew."""
+    topic = harness.topic("downstream")
+    table = topic.table
+    harness.land(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps)
+    harness.write_model(topic, "delete_mode='soft'")
+    models = harness.project / "models" / "gold"
+    models.mkdir()
+    (models / f"{table}_live.sql").write_text(
+        f"{{{{ config(materialized='table') }}}}\nselect id, v from {{{{ ref('{table}') }}}} where not _cdc_deleted\n"
+    )
+    (models / f"{table}_view.sql").write_text(
+        f"{{{{ config(materialized='view') }}}}\nselect id, v from {{{{ ref('{table}') }}}} where not _cdc_deleted\n"
+    )
+    (models / f"{table}_changes.sql").write_text(
+        "{{ config(materialized='incremental', incremental_strategy='merge', unique_key='id') }}\n"
+        f"select id, v, _cdc_deleted, _cdc_applied_at from {{{{ ref('{table}') }}}}\n"
+        "{% if is_incremental() %}where _cdc_applied_at > (select max(_cdc_applied_at) from {{ this }}){% endif %}\n"
+    )
+    try:
+        assert run_dbt(harness.settings, ["build", "--select", f"{table}+"])
+        harness.land(topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5)], dumps)
+        assert run_dbt(harness.settings, ["build", "--select", f"{table}+"])
+    finally:
+        shutil.rmtree(models)
+    live = [(1, "a2"), (3, "c")]
+    assert [(r["id"], r["v"]) for r in harness.rows(f"silver.{table}_live", "id, v", "id")] == live
+    assert [(r["id"], r["v"]) for r in harness.rows(f"silver.{table}_view", "id, v", "id")] == live
+    changes = [tuple(r.values()) for r in harness.rows(f"silver.{table}_changes", "id, v, _cdc_deleted", "id")]
+    assert changes == [(1, "a2", False), (2, "b", True), (3, "c", False)]
+    # One table, replaced in a commit of its own at each run (dropped and created, it had the last run's alone).
+    assert harness.rows(f"silver.{table}_live.snapshots", "count(*) as n")[0]["n"] == 2
 
 
 # Both histories take one branch, before they part: the history variant runs with `make test-slow`.
