@@ -304,7 +304,12 @@ def test_a_topic_created_after_start_is_waited_for(
     runner = threading.Thread(target=pipeline.run, daemon=True)
     with caplog.at_level(logging.WARNING, logger="ingest.sources.kafka"):
         runner.start()
-        time.sleep(2.0)
+        deadline = time.monotonic() + 30  # the warning comes with the first metadata answer (~1 s; slower in CI)
+        while runner.is_alive() and time.monotonic() < deadline:
+            if any("does not exist" in r.getMessage() for r in caplog.records):
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)  # and no second one
     try:
         assert runner.is_alive(), "the ingester died because its topic did not exist yet"
         missing = [r.getMessage() for r in caplog.records if "does not exist" in r.getMessage()]
