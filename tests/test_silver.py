@@ -1240,6 +1240,11 @@ BAD_OPTIONS = {
     "keys=[]": "keys must be a column name or a non-empty list of them, not []",
     "columns={'v': 1}": "columns must be a column name or a non-empty list of them, not {'v': 1}",
     "exclude_changes=1": "exclude_changes must be a SQL condition, not 1",
+    "partition_by=[]": "partition_by must be a column or partition transform (bucket(16, id), days(updated_at)), or a "
+    "non-empty list of them, not []",
+    "tblproperties='zstd'": "tblproperties must be a mapping of table property names to values, not 'zstd'",
+    "tblproperties={'cdclake.applied_position': '{}'}": "tblproperties may not set cdclake.applied_position: the "
+    "cdclake.* properties are the state of silver's runs",
 }
 
 
@@ -1253,7 +1258,7 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     names = [f"bad_options_{i}" for i in range(len(BAD_OPTIONS))]
     for name, config in zip(names, BAD_OPTIONS, strict=True):
         harness.write_model(topic, config, name=name)
-    harness.write_model(topic, "delete_mod='soft'", name="bad_options_typo")
+    harness.write_model(topic, "delete_mod='soft', unique_key='v', file_format='delta'", name="bad_options_typo")
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size if log.exists() else 0
     assert not run_dbt(harness.settings, ["run", "--select", *names, "bad_options_typo"])
@@ -1264,8 +1269,52 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         "cdc_silver model 'bad_options_typo': config 'delete_mod' is not a cdc_silver option and is ignored; "
         "did you mean 'delete_mode'?"
     ) in message
+    # dbt-spark's configs that a dbt user may give a cdc_silver model by habit: ignored, each said so.
+    assert (
+        "cdc_silver model 'bad_options_typo': config 'unique_key' does not apply to cdc_silver and is ignored: "
+        "cdc_silver keys its rows by `keys` (default: the Debezium key's fields)"
+    ) in message
+    assert "cdc_silver model 'bad_options_typo': file_format 'delta' is ignored: silver tables are Iceberg" in message
     built = {row["tableName"] for row in harness.spark.sql("show tables in silver like 'bad_options*'").collect()}
     assert built == {"bad_options_typo", "bad_options_typo__cdc_tombstones"}  # the warning alone fails nothing
+
+
+def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dumps: Path) -> None:
+    """dbt-spark's `partition_by` and `tblproperties` configs: silver (current state and a history) is created
+    partitioned as the model says, with the model's table properties beside cdclake's, and later runs apply
+    changes to it as to any silver table; a property changed in the model is set at the next run. Both were
+    ignored: a model that asked for them got an unpartitioned table with cdclake's properties only."""
+    topic = harness.topic("partitioned")
+    table = topic.table
+    properties = "'write.target-file-size-bytes': 1048576, 'write.parquet.bloom-filter-enabled.column.id': true"
+    models = {table: "", f"{table}_history": "history='scd2', "}
+    first = [Change(C, key, key, f"v{key}") for key in range(1, 9)]
+    harness.land(topic, first, dumps)
+
+    def build(retries: int) -> None:
+        for name, history in models.items():
+            retry = f"'commit.retry.num-retries': {retries}"
+            config = f"{history}partition_by=['bucket(4, id)'], tblproperties={{{properties}, {retry}}}"
+            harness.write_model(topic, config, name=name)
+        assert run_dbt(harness.settings, ["run", "--select", *models])
+
+    build(retries=7)
+    harness.land(topic, [Change(U, 2, 10, "v2b"), Change(D, 3, 11), Change(C, 9, 12, "v9")], dumps)
+    build(retries=9)
+    assert harness.silver(topic) == topic.expected()
+    for name in models:
+        described = {
+            row["col_name"]: row["data_type"] for row in harness.spark.sql(f"describe table silver.{name}").collect()
+        }
+        assert described.get("Part 0") == "bucket(4, id)", described
+        held = {row["key"]: row["value"] for row in harness.spark.sql(f"show tblproperties silver.{name}").collect()}
+        assert held["write.target-file-size-bytes"] == "1048576"
+        assert held["write.parquet.bloom-filter-enabled.column.id"] == "true"
+        assert held["commit.retry.num-retries"] == "9"  # changed in the model after the first run
+        assert held["write.delete.mode"] == "merge-on-read"  # cdclake's own stay
+    assert harness.rows(f"silver.{table}_history", "count(*) as n", where="_cdc_is_current")[0]["n"] == 8
+    files = harness.rows(f"silver.{table}.files", "count(distinct partition.id_bucket) as n")[0]["n"]
+    assert files > 1  # the rows are spread over the buckets
 
 
 def test_models_on_silver_follow_it(harness: SilverHarness, dumps: Path) -> None:

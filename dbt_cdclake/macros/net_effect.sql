@@ -131,3 +131,9 @@ select * from ranked where _cdc_rank = 1
 {% macro quote(name) -%}
   `{{ name | replace('`', '``') }}`
 {%- endmacro %}
+
+
+{#- Text as a SQL string literal. -#}
+{% macro sql_string(text) -%}
+  '{{ text | replace("\\", "\\\\") | replace("'", "\\'") }}'
+{%- endmacro %}

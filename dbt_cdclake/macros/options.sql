@@ -41,7 +41,37 @@
       {{ exceptions.raise_compiler_error(prefix ~ option ~ " must be " ~ ("a SQL condition" if option == 'exclude_changes' else "text") ~ ", not " ~ cdclake.shown(value)) }}
     {%- endif -%}
   {%- endfor -%}
-  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'batch_catalog', 'history', 'on_schema_change'] -%}
+  {%- set value = config.get('partition_by') -%}
+  {%- set names = [value] if value is string else value -%}
+  {%- if value is not none and (names is not iterable or names is mapping or names | length == 0 or names | reject('string') | list or '' in names) -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "partition_by must be a column or partition transform (bucket(16, id), days(updated_at)), or a non-empty list of them, not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
+  {%- set value = config.get('tblproperties') -%}
+  {%- if value is not none and value is not mapping -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "tblproperties must be a mapping of table property names to values, not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
+  {%- set reserved = [] -%}
+  {%- for name in (value or {}).keys() if (name | string).startswith('cdclake.') %}{% do reserved.append(name) %}{% endfor -%}
+  {%- if reserved -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "tblproperties may not set " ~ reserved | join(', ') ~ ": the cdclake.* properties are the state of silver's runs") }}
+  {%- endif -%}
+  {#- dbt-spark's configs of its own materializations, which a dbt user may give a cdc_silver model by habit. -#}
+  {%- set elsewhere = {
+      'unique_key': "cdc_silver keys its rows by `keys` (default: the Debezium key's fields)",
+      'incremental_strategy': "cdc_silver applies net effect its own way",
+      'merge_update_columns': "use `columns` / `exclude_columns`",
+      'merge_exclude_columns': "use `columns` / `exclude_columns`",
+      'incremental_predicates': "use `exclude_changes`, or a `where` in the model",
+      'clustered_by': "use partition_by",
+      'buckets': "use partition_by (bucket(N, column))",
+      'location_root': "silver tables live in the catalog's warehouse"} -%}
+  {%- for name in cdclake.set_options() if name in elsewhere -%}
+    {{ exceptions.warn(prefix ~ "config '" ~ name ~ "' does not apply to cdc_silver and is ignored: " ~ elsewhere[name]) }}
+  {%- endfor -%}
+  {%- if config.get('file_format') not in (none, 'iceberg') -%}
+    {{ exceptions.warn(prefix ~ "file_format '" ~ config.get('file_format') ~ "' is ignored: silver tables are Iceberg tables") }}
+  {%- endif -%}
+  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'batch_catalog', 'history', 'on_schema_change', 'partition_by', 'tblproperties'] -%}
   {%- for name in cdclake.set_options() if name not in known and name | length >= 4 -%}
     {#- Names whose lengths differ by more than two are more than two edits apart: not compared. -#}
     {%- for option in known if (name | length - option | length) | abs <= 2 and cdclake.edit_distance(name | lower, option) <= 2 -%}

@@ -99,10 +99,6 @@
   {{ return(config.get('unavailable_value', '__debezium_unavailable_value')) }}
 {%- endmacro %}
 
-{#- The placeholder as a SQL string literal. -#}
-{% macro placeholder_literal(placeholder) -%}
-  '{{ placeholder | replace("\\", "\\\\") | replace("'", "\\'") }}'
-{%- endmacro %}
 
 {#- The placeholder's bytes as decimal numbers (array<string>): how Debezium fills an integer array (DBZ-5936). -#}
 {% macro placeholder_bytes_sql(literal) -%}
@@ -119,7 +115,7 @@
 
 {#- The placeholder as raw JSON: a JSON string, or (`bytes`) the JSON string of its bytes in base64. -#}
 {% macro json_placeholder_sql(placeholder, bytes=false) -%}
-  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
+  {%- set literal = cdclake.sql_string(placeholder) -%}
   {%- set text = "base64(encode(" ~ literal ~ ", 'UTF-8'))" if bytes else literal -%}
   {{ cdclake.json_quoted(text) }}
 {%- endmacro %}
@@ -134,7 +130,7 @@
     base64, a text array of it, an integer array of its bytes, a uuid array of its UUID, an hstore's JSON text (a
     string) or map (an object). -#}
 {% macro json_placeholder_forms_sql(placeholder) -%}
-  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
+  {%- set literal = cdclake.sql_string(placeholder) -%}
   {{ cdclake.json_placeholder_sql(placeholder) }}, {{ cdclake.json_placeholder_sql(placeholder, true) }},
     concat('[', {{ cdclake.json_placeholder_sql(placeholder) }}, ']'),
     concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ','), ']'),
@@ -165,7 +161,7 @@
     bytes of the text, a text array of it, an integer array of its bytes, a uuid array of its UUID, an hstore's JSON
     text or map (DBZ-7582); compared as Spark's text of the value. -#}
 {% macro unavailable_sql(field, placeholder) -%}
-  {%- set literal = cdclake.placeholder_literal(placeholder) -%}
+  {%- set literal = cdclake.sql_string(placeholder) -%}
   cast(after.{{ cdclake.quote(field) }} as string) in ({{ literal }}, concat('[', {{ literal }}, ']'),
     concat('[', array_join({{ cdclake.placeholder_bytes_sql(literal) }}, ', '), ']'), concat('[', {{ cdclake.placeholder_uuid_sql(literal) }}, ']'),
     {{ cdclake.placeholder_hstore_json_sql(literal) }}, concat('{', {{ literal }}, ' -> ', {{ literal }}, '}'))

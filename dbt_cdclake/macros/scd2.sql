@@ -223,6 +223,7 @@ select * from dropped
 {% macro scd2_create_sql(target, layout, rows, delete_mode, replace=false) -%}
   create {% if replace %}or replace {% endif %}table {{ target }}
   using iceberg
+  {{ cdclake.silver_partitioning() }}
   tblproperties ({{ cdclake.silver_table_properties() }}, 'cdclake.history' = 'scd2')
   as select
     {%- for column in cdclake.scd2_silver_columns(layout, delete_mode) %}

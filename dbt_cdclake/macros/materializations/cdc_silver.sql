@@ -78,6 +78,7 @@
   {%- if existing is none -%}
     {% do run_query('create namespace if not exists ' ~ schema) %}
   {%- endif -%}
+  {%- if existing is not none %}{% do cdclake.apply_model_table_properties(target) %}{% endif -%}
   {%- set properties = cdclake.table_properties(target) if existing is not none else {} -%}
   {%- if existing is not none and properties.get('cdclake.history', 'current') != history -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ properties.get('cdclake.history', 'current') ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
@@ -161,6 +162,7 @@
       {%- call statement('main') -%}
         create {% if replacing %}or replace {% endif %}table {{ target }}
         using iceberg
+        {{ cdclake.silver_partitioning() }}
         tblproperties ({{ cdclake.silver_table_properties() }})
         as select {{ cdclake.silver_select(layout, 'w') }}
           {%- if delete_mode == 'soft' %}, w._cdc_op = 'd' as _cdc_deleted, case when w._cdc_op = 'd' then current_timestamp() end as _cdc_deleted_at,
@@ -284,17 +286,68 @@
 -#}
 {#- `rows`: silver's own table (not its tombstones), whose rows carry _cdc_applied_at. -#}
 {% macro silver_table_properties(rows=true) -%}
-  'format-version' = '2',
-  'write.delete.mode' = 'merge-on-read',
-  'write.update.mode' = 'merge-on-read',
-  'write.merge.mode' = 'merge-on-read',
-  'write.delete.distribution-mode' = 'none',
-  'write.parquet.compression-codec' = 'zstd'
-  {%- if rows %},
-  {#- Iceberg keeps column bounds for the first 100 columns only: `cdclake status` reads silver's freshness from
-      this one's, the last of a wide table. -#}
-  {{ cdclake.applied_at_metrics() }}
-  {%- endif %}
+  {%- set properties = {
+      'format-version': '2',
+      'write.delete.mode': 'merge-on-read',
+      'write.update.mode': 'merge-on-read',
+      'write.merge.mode': 'merge-on-read',
+      'write.delete.distribution-mode': 'none',
+      'write.parquet.compression-codec': 'zstd'} -%}
+  {%- if rows -%}
+    {#- Iceberg keeps column bounds for the first 100 columns only: `cdclake status` reads silver's freshness from
+        this one's, the last of a wide table. -#}
+    {%- do properties.update({'write.metadata.metrics.column._cdc_applied_at': 'truncate(16)'}) -%}
+    {#- The model's own (dbt-spark's `tblproperties` config), which may override these. -#}
+    {%- do properties.update(cdclake.model_table_properties()) -%}
+  {%- endif -%}
+  {{ cdclake.properties_sql(properties) }}
+{%- endmacro %}
+
+
+{#- `'name' = 'value', ...` of a dict of properties, for a tblproperties clause. -#}
+{% macro properties_sql(properties) -%}
+  {%- set items = [] -%}
+  {%- for name, value in properties.items() -%}
+    {%- do items.append(cdclake.sql_string(name) ~ ' = ' ~ cdclake.sql_string(value)) -%}
+  {%- endfor -%}
+  {{ items | join(', ') }}
+{%- endmacro %}
+
+
+{#- The model's `tblproperties` (dbt-spark's config) as Iceberg reads them: text, booleans as true/false. -#}
+{% macro model_table_properties() -%}
+  {%- set properties = {} -%}
+  {%- for name, value in (config.get('tblproperties') or {}).items() -%}
+    {%- do properties.update({name | string: (value | string | lower) if value is boolean else value | string}) -%}
+  {%- endfor -%}
+  {{ return(properties) }}
+{%- endmacro %}
+
+
+{#- An existing silver table gets the model's `tblproperties` that it does not hold (a property taken out of the
+    config stays: it may have been set by hand). Before the run reads silver's properties, which it compares
+    later to see whether another run overtook it. -#}
+{% macro apply_model_table_properties(target) -%}
+  {%- set wanted = cdclake.model_table_properties() -%}
+  {%- if wanted -%}
+    {%- set held = cdclake.table_properties(target) -%}
+    {%- set changed = {} -%}
+    {%- for name, value in wanted.items() if held.get(name) != value %}{% do changed.update({name: value}) %}{% endfor -%}
+    {%- if changed -%}
+      {{ log("cdclake: setting " ~ changed.keys() | join(', ') ~ " of " ~ target ~ " (the model's tblproperties)", info=true) }}
+      {% do run_query('alter table ' ~ target ~ ' set tblproperties (' ~ cdclake.properties_sql(changed) ~ ')') %}
+    {%- endif -%}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- `partitioned by (...)` of the model's `partition_by` (dbt-spark's config: columns or Iceberg transforms such as
+    `bucket(16, id)` or `days(updated_at)`), for the statement that creates silver. -#}
+{% macro silver_partitioning() -%}
+  {%- set partitions = config.get('partition_by') -%}
+  {%- if partitions is not none -%}
+    partitioned by ({{ ([partitions] if partitions is string else partitions) | join(', ') }})
+  {%- endif -%}
 {%- endmacro %}
 
 {% macro applied_at_metrics() -%}
@@ -429,7 +482,7 @@
   {%- endif -%}
   {%- set images = tojson({'image_columns': layout.image_columns, 'ignore_null_updates': not not config.get('ignore_null_updates', false), 'unavailable_value': cdclake.configured_placeholder()}) -%}
   {%- if properties.get('cdclake.images') != images -%}
-    , 'cdclake.images' = {{ cdclake.placeholder_literal(images) }}
+    , 'cdclake.images' = {{ cdclake.sql_string(images) }}
   {%- endif -%}
 {%- endmacro %}
 

@@ -180,7 +180,7 @@
       {%- set expected_value = 'e._cdc_value_' ~ loop.index0 ~ '.v' %}
       case when not (e._cdc_value_{{ loop.index0 }} is null or
         {%- if not column.type %} to_json(named_struct('v', {{ expected_value }})) <=> to_json(named_struct('v', {{ actual_value }}))
-        {%- else %} {{ expected_value }} <=> {{ actual_value }}{% endif %}) then {{ cdclake.placeholder_literal(column.name) }} end
+        {%- else %} {{ expected_value }} <=> {{ actual_value }}{% endif %}) then {{ cdclake.sql_string(column.name) }} end
       {%- endfor %}) as columns_differing
     from actual a join expected e
       on {{ cdclake.key_match(keys, 'a', 'e') }} and a._cdc_order <=> e._cdc_order and a._cdc_op = e._cdc_op
