@@ -258,6 +258,30 @@ def test_source_freshness_reads_when_each_bronze_table_last_landed_a_record(buil
     assert dt.datetime.fromisoformat(results[0]["max_loaded_at"]) == landed.replace(tzinfo=dt.UTC)
 
 
+def test_docs_generate_catalogs_bronze_and_silver(built: SilverHarness) -> None:
+    """`dbt docs generate`: dbt docs' catalog holds each silver model's and bronze source's columns as Spark reads
+    them, through the package's way of listing relations on an Iceberg catalog (relations.sql)."""
+    model = "pgreal_main_inventory_customers"
+    assert run_dbt(built.settings, ["docs", "generate", "--select", model, f"source:bronze.{model}", "--write-json"])
+    catalog = orjson.loads((built.project / "target" / "catalog.json").read_bytes())
+    assert catalog["errors"] is None
+
+    def columns(table: str) -> dict[str, str]:
+        held: dict[str, str] = {}
+        for row in built.spark.sql(f"describe table {table}").collect():
+            if not row["col_name"] or row["col_name"].startswith("#"):  # the partitioning section after them
+                break
+            held[row["col_name"]] = row["data_type"]
+        return held
+
+    for entry, table in (
+        (catalog["nodes"][f"model.cdclake_project.{model}"], f"silver.{model}"),
+        (catalog["sources"][f"source.cdclake_project.bronze.{model}"], f"bronze.{model}"),
+    ):
+        assert {name: column["type"] for name, column in entry["columns"].items()} == columns(table)
+    assert "_cdc_order" in columns(f"silver.{model}")
+
+
 def test_pyiceberg_reads_silver_as_spark_does(built: SilverHarness) -> None:
     """operations.md's query without a JVM: pyiceberg applies silver's position deletes (merge-on-read: the second
     unit of work left some on this table) and reads the rows Spark reads."""
