@@ -1258,7 +1258,8 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     names = [f"bad_options_{i}" for i in range(len(BAD_OPTIONS))]
     for name, config in zip(names, BAD_OPTIONS, strict=True):
         harness.write_model(topic, config, name=name)
-    harness.write_model(topic, "delete_mod='soft', unique_key='v', file_format='delta'", name="bad_options_typo")
+    config = "delete_mod='soft', unique_key='v', file_format='delta', contract={'enforced': true}"
+    harness.write_model(topic, config, name="bad_options_typo")
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size if log.exists() else 0
     assert not run_dbt(harness.settings, ["run", "--select", *names, "bad_options_typo"])
@@ -1275,6 +1276,7 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         "cdc_silver keys its rows by `keys` (default: the Debezium key's fields)"
     ) in message
     assert "cdc_silver model 'bad_options_typo': file_format 'delta' is ignored: silver tables are Iceberg" in message
+    assert "cdc_silver model 'bad_options_typo': its contract is not enforced" in message
     built = {row["tableName"] for row in harness.spark.sql("show tables in silver like 'bad_options*'").collect()}
     assert built == {"bad_options_typo", "bad_options_typo__cdc_tombstones"}  # the warning alone fails nothing
 

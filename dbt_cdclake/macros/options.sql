@@ -68,6 +68,9 @@
   {%- for name in cdclake.set_options() if name in elsewhere -%}
     {{ exceptions.warn(prefix ~ "config '" ~ name ~ "' does not apply to cdc_silver and is ignored: " ~ elsewhere[name]) }}
   {%- endfor -%}
+  {%- if (model.get('contract') or {}).get('enforced') -%}
+    {{ exceptions.warn(prefix ~ "its contract is not enforced: silver's columns follow bronze's images and the model's options (docs/silver.md, \"Schema changes\"), and the shipped data tests check its rows") }}
+  {%- endif -%}
   {%- if config.get('file_format') not in (none, 'iceberg') -%}
     {{ exceptions.warn(prefix ~ "file_format '" ~ config.get('file_format') ~ "' is ignored: silver tables are Iceberg tables") }}
   {%- endif -%}
