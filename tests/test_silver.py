@@ -1259,6 +1259,7 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     for name, config in zip(names, BAD_OPTIONS, strict=True):
         harness.write_model(topic, config, name=name)
     config = "delete_mod='soft', unique_key='v', file_format='delta', contract={'enforced': true}"
+    config += ", tblproperties={'format-version': 3}"
     harness.write_model(topic, config, name="bad_options_typo")
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size if log.exists() else 0
@@ -1277,6 +1278,14 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     ) in message
     assert "cdc_silver model 'bad_options_typo': file_format 'delta' is ignored: silver tables are Iceberg" in message
     assert "cdc_silver model 'bad_options_typo': its contract is not enforced" in message
+    assert (
+        "cdc_silver model 'bad_options_typo': tblproperties sets format-version 3 (cdc_silver's default is 2)"
+        in message
+    )
+    held = {
+        row["key"]: row["value"] for row in harness.spark.sql("show tblproperties silver.bad_options_typo").collect()
+    }
+    assert held["format-version"] == "3"  # as the model says
     built = {row["tableName"] for row in harness.spark.sql("show tables in silver like 'bad_options*'").collect()}
     assert built == {"bad_options_typo", "bad_options_typo__cdc_tombstones"}  # the warning alone fails nothing
 

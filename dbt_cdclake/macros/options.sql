@@ -55,6 +55,9 @@
   {%- if reserved -%}
     {{ exceptions.raise_compiler_error(prefix ~ "tblproperties may not set " ~ reserved | join(', ') ~ ": the cdclake.* properties are the state of silver's runs") }}
   {%- endif -%}
+  {%- if (value or {}).get('format-version') not in (none, 2, '2') -%}
+    {{ exceptions.warn(prefix ~ "tblproperties sets format-version " ~ value.get('format-version') ~ " (cdc_silver's default is 2): under high-churn row-level changes, format 3's deletion vectors have grown executors' memory until they failed (apache/iceberg#17241); compact silver often (cdclake maintain --layer silver)") }}
+  {%- endif -%}
   {#- dbt-spark's configs of its own materializations, which a dbt user may give a cdc_silver model by habit. -#}
   {%- set elsewhere = {
       'unique_key': "cdc_silver keys its rows by `keys` (default: the Debezium key's fields)",
