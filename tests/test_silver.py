@@ -1302,22 +1302,30 @@ def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dum
     first = [Change(C, key, key, f"v{key}") for key in range(1, 9)]
     harness.land(topic, first, dumps)
 
-    def build(retries: int) -> None:
+    log = harness.project / "logs" / "dbt.log"
+
+    def build(retries: int, buckets: int = 4, *extra: str) -> str:
+        """The runs' log."""
         for name, history in models.items():
             retry = f"'commit.retry.num-retries': {retries}"
-            config = f"{history}partition_by=['bucket(4, id)'], tblproperties={{{properties}, {retry}}}"
+            config = f"{history}partition_by=['bucket({buckets}, id)'], tblproperties={{{properties}, {retry}}}"
             harness.write_model(topic, config, name=name)
-        assert run_dbt(harness.settings, ["run", "--select", *models])
+        start = log.stat().st_size if log.exists() else 0
+        assert run_dbt(harness.settings, ["run", "--select", *models, *extra])
+        return log.read_bytes()[start:].decode()
+
+    def partitioning(name: str) -> str | None:
+        described = {
+            row["col_name"]: row["data_type"] for row in harness.spark.sql(f"describe silver.{name}").collect()
+        }
+        return described.get("Part 0")
 
     build(retries=7)
     harness.land(topic, [Change(U, 2, 10, "v2b"), Change(D, 3, 11), Change(C, 9, 12, "v9")], dumps)
-    build(retries=9)
+    assert "partition_by applies when silver is created" not in build(retries=9)
     assert harness.silver(topic) == topic.expected()
     for name in models:
-        described = {
-            row["col_name"]: row["data_type"] for row in harness.spark.sql(f"describe table silver.{name}").collect()
-        }
-        assert described.get("Part 0") == "bucket(4, id)", described
+        assert partitioning(name) == "bucket(4, id)"
         held = {row["key"]: row["value"] for row in harness.spark.sql(f"show tblproperties silver.{name}").collect()}
         assert held["write.target-file-size-bytes"] == "1048576"
         assert held["write.parquet.bloom-filter-enabled.column.id"] == "true"
@@ -1326,6 +1334,18 @@ def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dum
     assert harness.rows(f"silver.{table}_history", "count(*) as n", where="_cdc_is_current")[0]["n"] == 8
     files = harness.rows(f"silver.{table}.files", "count(distinct partition.id_bucket) as n")[0]["n"]
     assert files > 1  # the rows are spread over the buckets
+    # A partitioning changed in the model applies at --full-refresh; until then each run says so.
+    said = build(9, 8)
+    for name in models:
+        assert (
+            f"cdc_silver model '{name}': silver.{name} is partitioned by [\"bucket(4, id)\"], the model says "
+            f'["bucket(8, id)"]: partition_by applies when silver is created; run it with --full-refresh'
+        ) in said
+        assert partitioning(name) == "bucket(4, id)"
+    assert "partition_by applies when silver is created" not in build(9, 8, "--full-refresh")
+    for name in models:
+        assert partitioning(name) == "bucket(8, id)"
+    assert harness.silver(topic) == topic.expected()
 
 
 def test_models_on_silver_follow_it(harness: SilverHarness, dumps: Path) -> None:

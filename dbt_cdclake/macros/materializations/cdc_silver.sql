@@ -88,6 +88,10 @@
   {%- if existing is not none and properties.get('cdclake.delete_mode', delete_mode) != delete_mode -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with delete_mode='" ~ properties.get('cdclake.delete_mode') ~ "', the model now says '" ~ delete_mode ~ "': rebuild it with --full-refresh") }}
   {%- endif -%}
+  {#- Partitioning is set when silver is created (recorded since 2026-12-02, when partition_by began to apply). -#}
+  {%- if existing is not none and properties.get('cdclake.partition_by') != cdclake.partitioning_text() -%}
+    {{ exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " is partitioned by " ~ properties.get('cdclake.partition_by', 'nothing') ~ ", the model says " ~ (cdclake.partitioning_text() or 'nothing') ~ ": partition_by applies when silver is created; run it with --full-refresh to repartition") }}
+  {%- endif -%}
 
   {%- set start = properties.get('cdclake.bronze_snapshot_id') -%}
   {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
@@ -265,13 +269,14 @@
 {#-
   After a --full-refresh replaced silver and set its properties: Iceberg keeps a replaced table's properties, so
   those of the old table's runs that this one did not set (`kept`: those it did) go: where the old runs applied to,
-  a truncate the rebuild did not find again, history='scd2' on a table that no longer is one. Last, so that a run
+  a truncate the rebuild did not find again, history='scd2' on a table that no longer is one, a partitioning the
+  model no longer names. Last, so that a run
   killed before has the new bronze snapshot with old values, which cost a lookup or name the fix. So does a
   tombstones table the new delete_mode has none of.
 -#}
 {% macro forget_replaced_state(target, tombstones, history, delete_mode, kept) -%}
   {%- set stale = [] -%}
-  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before'] + (['cdclake.history'] if history == 'current' else []) if name not in kept -%}
+  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before'] + (['cdclake.history'] if history == 'current' else []) + (['cdclake.partition_by'] if config.get('partition_by') is none else []) if name not in kept -%}
     {% do stale.append("'" ~ name ~ "'") %}
   {%- endfor -%}
   {%- if stale %}{% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}{% endif -%}
@@ -299,6 +304,7 @@
     {%- do properties.update({'write.metadata.metrics.column._cdc_applied_at': 'truncate(16)'}) -%}
     {#- The model's own (dbt-spark's `tblproperties` config), which may override these. -#}
     {%- do properties.update(cdclake.model_table_properties()) -%}
+    {%- if cdclake.partitioning_text() %}{% do properties.update({'cdclake.partition_by': cdclake.partitioning_text()}) %}{% endif -%}
   {%- endif -%}
   {{ cdclake.properties_sql(properties) }}
 {%- endmacro %}
@@ -348,6 +354,13 @@
   {%- if partitions is not none -%}
     partitioned by ({{ ([partitions] if partitions is string else partitions) | join(', ') }})
   {%- endif -%}
+{%- endmacro %}
+
+
+{#- The model's `partition_by` as silver records it (`cdclake.partition_by`), none without one. -#}
+{% macro partitioning_text() -%}
+  {%- set partitions = config.get('partition_by') -%}
+  {{ return(none if partitions is none else tojson([partitions] if partitions is string else partitions)) }}
 {%- endmacro %}
 
 {% macro applied_at_metrics() -%}
