@@ -1294,7 +1294,8 @@ def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dum
     """dbt-spark's `partition_by` and `tblproperties` configs: silver (current state and a history) is created
     partitioned as the model says, with the model's table properties beside cdclake's, and later runs apply
     changes to it as to any silver table; a property changed in the model is set at the next run. Both were
-    ignored: a model that asked for them got an unpartitioned table with cdclake's properties only."""
+    ignored: a model that asked for them got an unpartitioned table with cdclake's properties only. dbt's
+    `persist_docs` writes the YAML's column descriptions as silver's column comments."""
     topic = harness.topic("partitioned")
     table = topic.table
     properties = "'write.target-file-size-bytes': 1048576, 'write.parquet.bloom-filter-enabled.column.id': true"
@@ -1310,6 +1311,10 @@ def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dum
             retry = f"'commit.retry.num-retries': {retries}"
             config = f"{history}partition_by=['bucket({buckets}, id)'], tblproperties={{{properties}, {retry}}}"
             harness.write_model(topic, config, name=name)
+            (harness.project / "models" / "silver" / f"{name}.yml").write_text(
+                f"version: 2\nmodels:\n  - name: {name}\n    config: {{persist_docs: {{columns: true}}}}\n"
+                "    columns:\n      - name: v\n        description: The row's value (Informix column v).\n"
+            )
         start = log.stat().st_size if log.exists() else 0
         assert run_dbt(harness.settings, ["run", "--select", *models, *extra])
         return log.read_bytes()[start:].decode()
@@ -1326,6 +1331,8 @@ def test_partition_by_and_tblproperties_shape_silver(harness: SilverHarness, dum
     assert harness.silver(topic) == topic.expected()
     for name in models:
         assert partitioning(name) == "bucket(4, id)"
+        comments = {row["col_name"]: row["comment"] for row in harness.spark.sql(f"describe silver.{name}").collect()}
+        assert comments["v"] == "The row's value (Informix column v)."
         held = {row["key"]: row["value"] for row in harness.spark.sql(f"show tblproperties silver.{name}").collect()}
         assert held["write.target-file-size-bytes"] == "1048576"
         assert held["write.parquet.bloom-filter-enabled.column.id"] == "true"
