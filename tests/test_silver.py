@@ -1392,6 +1392,29 @@ def test_models_on_silver_follow_it(harness: SilverHarness, dumps: Path) -> None
     assert harness.rows(f"silver.{table}_live.snapshots", "count(*) as n")[0]["n"] == 2
 
 
+def test_a_copy_on_write_silver_has_an_iceberg_changelog(harness: SilverHarness, dumps: Path) -> None:
+    """Iceberg's changelog view cannot read silver's merge-on-read deletes (its changelog scans support no delete
+    files). A model that asks for copy-on-write through `tblproperties` gets a silver table whose changelog
+    reads: the unit's deletes and its new images, for a consumer downstream of silver."""
+    topic = harness.topic("changelog")
+    table = topic.table
+    modes = ", ".join(f"'write.{kind}.mode': 'copy-on-write'" for kind in ("delete", "update", "merge"))
+    harness.apply(
+        topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps, f"tblproperties={{{modes}}}"
+    )
+    first = harness.rows(f"silver.{table}.snapshots", "snapshot_id", "committed_at desc")[0]["snapshot_id"]
+    harness.apply(topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5)], dumps, f"tblproperties={{{modes}}}")
+    assert harness.rows(f"silver.{table}.delete_files", "count(*) as n")[0]["n"] == 0
+    catalog = harness.spark.conf.get("spark.sql.defaultCatalog")
+    harness.spark.sql(
+        f"call {catalog}.system.create_changelog_view(table => 'silver.{table}', changelog_view => '{table}_changes', "
+        f"options => map('start-snapshot-id', '{first}'))"
+    )
+    changes = {(r["_change_type"], r["id"], r["v"]) for r in harness.rows(f"{table}_changes", "_change_type, id, v")}
+    assert changes == {("DELETE", 1, "a"), ("DELETE", 2, "b"), ("INSERT", 1, "a2")}
+    assert harness.silver(topic) == topic.expected()
+
+
 # Both histories take one branch, before they part: the history variant runs with `make test-slow`.
 @pytest.mark.parametrize("history", ["current", pytest.param("scd2", marks=pytest.mark.slow)])
 def test_a_table_whose_first_change_is_a_truncate(harness: SilverHarness, dumps: Path, history: str) -> None:
