@@ -19,8 +19,7 @@
   {%- endfor -%}
   {%- for option in ['keys', 'columns', 'exclude_columns'] -%}
     {%- set value = config.get(option) -%}
-    {%- set names = [value] if value is string else value -%}
-    {%- if value is not none and (names is not iterable or names is mapping or names | length == 0 or names | reject('string') | list or '' in names) -%}
+    {%- if value is not none and not cdclake.is_text_list(value) -%}
       {{ exceptions.raise_compiler_error(prefix ~ option ~ " must be a column name or a non-empty list of them, not " ~ cdclake.shown(value)) }}
     {%- endif -%}
   {%- endfor -%}
@@ -42,8 +41,7 @@
     {%- endif -%}
   {%- endfor -%}
   {%- set value = config.get('partition_by') -%}
-  {%- set names = [value] if value is string else value -%}
-  {%- if value is not none and (names is not iterable or names is mapping or names | length == 0 or names | reject('string') | list or '' in names) -%}
+  {%- if value is not none and not cdclake.is_text_list(value) -%}
     {{ exceptions.raise_compiler_error(prefix ~ "partition_by must be a column or partition transform (bucket(16, id), days(updated_at)), or a non-empty list of them, not " ~ cdclake.shown(value)) }}
   {%- endif -%}
   {%- set value = config.get('tblproperties') -%}
@@ -84,6 +82,13 @@
       {{ exceptions.warn(prefix ~ "config '" ~ name ~ "' is not a cdc_silver option and is ignored; did you mean '" ~ option ~ "'?") }}
     {%- endfor -%}
   {%- endfor -%}
+{%- endmacro %}
+
+
+{#- Whether a config value is a non-empty text or a non-empty list of them (column names, partition transforms). -#}
+{% macro is_text_list(value) -%}
+  {%- set items = [value] if value is string else value -%}
+  {{ return(items is iterable and items is not mapping and items | length > 0 and not items | reject('string') | list and '' not in items) }}
 {%- endmacro %}
 
 
