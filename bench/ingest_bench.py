@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,14 @@ MAX_RECORDS = 100_000
 MAX_BYTES = 512 * 1024 * 1024
 TARGET_EVENTS_PER_S = 100_000
 QUICK_EVENTS = 100_000
+# What Debezium 3.6 puts on every record by default (io.debezium.connector.common.DebeziumHeaderProducer), as Kafka
+# Connect's default header converter (SimpleHeaderConverter) writes them: plain strings.
+CONTEXT_HEADERS: list[tuple[str, bytes | None]] = [
+    ("__debezium.context.connectorLogicalName", b"benchdb"),
+    ("__debezium.context.taskId", b"0"),
+    ("__debezium.context.connectorName", b"postgresql"),
+    ("__debezium.context.runId", b"5b0b2c1e-39b4-4c5c-9d0b-6f1f4c1d7a10"),
+]
 # librdkafka's compression.type values; what the default run measures, in this order.
 COMPRESSIONS = ("none", "lz4", "zstd", "gzip", "snappy")
 DEFAULT_COMPRESSIONS = ("none", "lz4")
@@ -351,10 +359,12 @@ class Results:
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     notes: list[str] = field(default_factory=list)
     compression: str = "none"  # of the topic's batches (the producer's compression.type)
+    context_headers: bool = False  # each record carries Debezium's context headers (CONTEXT_HEADERS)
 
     @property
     def batches(self) -> str:
-        return "uncompressed" if self.compression == "none" else f"{self.compression}-compressed"
+        encoding = "uncompressed" if self.compression == "none" else f"{self.compression}-compressed"
+        return encoding + (", context headers" if self.context_headers else "")
 
     def rate(self, seconds: float) -> float:
         return self.events / seconds if seconds > 0 else 0.0
@@ -373,7 +383,7 @@ def produce(broker: TansuBroker, events: int, results: Results) -> None:
         nonlocal sizes
         for record in envelopes(events, table=results.table):
             sizes += len(record.value or b"")
-            yield record
+            yield replace(record, headers=CONTEXT_HEADERS) if results.context_headers else record
 
     broker.produce(counted(), report=False, timeout_s=600, config={"compression.type": results.compression})
     results.produce_s = time.perf_counter() - started
@@ -656,11 +666,13 @@ def print_table(results: Results, rows: list[tuple[str, str, str]]) -> None:
         print(f"  note: {note}")
 
 
-def measure(count: int, table_name: str, compression: str, repeat: int, profile: Path | None) -> Report:
+def measure(
+    count: int, table_name: str, compression: str, repeat: int, profile: Path | None, context_headers: bool = False
+) -> Report:
     """One topic encoding, on a broker of its own: publish once, then ``repeat`` times raw consume + ingest; the
     median run by ingest rate is the report's (``profile``: of the first run)."""
     topic = TABLES[table_name].topic
-    first = Results(events=count, partitions=PARTITIONS, table=table_name, compression=compression)
+    first = Results(count, PARTITIONS, table_name, compression=compression, context_headers=context_headers)
     runs: list[Results] = []
     with TansuBroker() as broker, tempfile.TemporaryDirectory(prefix="cdclake-bench-") as tmp:
         print(f"publishing {count:,} events to {topic} ({PARTITIONS} partitions, {first.batches}) ...", flush=True)
@@ -669,7 +681,13 @@ def measure(count: int, table_name: str, compression: str, repeat: int, profile:
             results = first
             if index:  # a run of its own: only what publishing measured is shared
                 results = Results(
-                    count, PARTITIONS, table_name, first.value_bytes, first.produce_s, compression=compression
+                    count,
+                    PARTITIONS,
+                    table_name,
+                    first.value_bytes,
+                    first.produce_s,
+                    compression=compression,
+                    context_headers=context_headers,
                 )
             results.load_average = os.getloadavg()
             print(f"run {index + 1}/{repeat}: raw consume ...", flush=True)
@@ -690,13 +708,14 @@ def main(
     table_name: str = "customers",
     repeat: int | None = None,
     compressions: Sequence[str] = DEFAULT_COMPRESSIONS,
+    context_headers: bool = False,
 ) -> list[Results]:
     """Run the benchmark, per topic encoding in ``compressions`` (see :func:`measure`; default 3 runs each, 1 for
     ``quick``), and report each encoding's median run. ``quick`` and ``profile`` runs do not touch the docs."""
     count = events if events is not None else (QUICK_EVENTS if quick else 1_000_000)
     repeat = repeat if repeat is not None else (1 if quick or profile else 3)
     reports = [
-        measure(count, table_name, compression, repeat, profile if index == 0 else None)
+        measure(count, table_name, compression, repeat, profile if index == 0 else None, context_headers)
         for index, compression in enumerate(compressions)
     ]
     for report in reports:
@@ -723,6 +742,11 @@ def cli(argv: list[str] | None = None) -> int:
         choices=COMPRESSIONS,
         help=f"the topic's batches (repeatable; default: {' and '.join(DEFAULT_COMPRESSIONS)})",
     )
+    parser.add_argument(
+        "--context-headers",
+        action="store_true",
+        help="give every record the context headers Debezium 3.x adds (extended.headers.enabled, its default)",
+    )
     args = parser.parse_args(argv)
     main(
         events=args.events,
@@ -732,6 +756,7 @@ def cli(argv: list[str] | None = None) -> int:
         table_name=args.table,
         repeat=args.repeat,
         compressions=args.compression or DEFAULT_COMPRESSIONS,
+        context_headers=args.context_headers,
     )
     return 0
 

@@ -62,6 +62,9 @@ class OutgoingRecord(Protocol):
     @property
     def timestamp_ms(self) -> int | None: ...
 
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -72,6 +75,7 @@ class Record:
     value: bytes | None
     partition: int | None = None
     timestamp_ms: int | None = None
+    headers: list[tuple[str, bytes | None]] | None = None
 
 
 def tansu_binary() -> Path:
@@ -279,6 +283,8 @@ class TansuBroker:
                 kwargs["partition"] = record.partition
             if record.timestamp_ms is not None:
                 kwargs["timestamp"] = record.timestamp_ms
+            if record.headers is not None:
+                kwargs["headers"] = record.headers
             while True:
                 try:
                     producer.produce(record.topic, **kwargs)

@@ -63,6 +63,10 @@ def load_catalog(settings: Settings) -> Any:
     from pyiceberg.catalog.sql import SqlCatalog
     from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+    from ingest import pyiceberg_repairs
+
+    pyiceberg_repairs.apply()
+
     properties = catalog_properties(settings)
     for attempt in range(1, 4):
         try:

@@ -622,7 +622,7 @@ class Pipeline:
         key_schemas: dict[str, dict[str, Any] | None] = {}
         value_schemas: dict[str, dict[str, Any] | None] = {}
         for position in range(len(records) - 1, -1, -1):
-            topic, partition, offset, _timestamp, key, value = records[position]
+            topic, partition, offset, _timestamp, key, value, _headers = records[position]
             if (topic, partition) not in last_offsets:
                 last_offsets[(topic, partition)] = offset
             group = cast(Group, members[position])

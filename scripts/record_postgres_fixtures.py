@@ -443,20 +443,20 @@ class Recorder:
         self._offsets: Counter[str] = Counter()
         self._cond = threading.Condition()
 
-    def add(self, topic: str, key: str | None, value: str | None) -> None:
+    def add(self, topic: str, key: str | None, value: str | None, headers: list[str | None]) -> None:
+        """``headers``: kcat's flat list of names and values (left out of the line when empty, as kcat does)."""
         with self._cond:
-            self.records.append(
-                {
-                    "topic": topic,
-                    "partition": 0,
-                    "offset": self._offsets[topic],
-                    "tstype": "create",
-                    "ts": time.time_ns() // 1_000_000,
-                    "broker": -1,
-                    "key": key,
-                    "payload": value,
-                }
-            )
+            record: dict[str, Any] = {
+                "topic": topic,
+                "partition": 0,
+                "offset": self._offsets[topic],
+                "tstype": "create",
+                "ts": time.time_ns() // 1_000_000,
+                "broker": -1,
+            }
+            if headers:
+                record["headers"] = headers
+            self.records.append({**record, "key": key, "payload": value})
             self._offsets[topic] += 1
             self._cond.notify_all()
 
@@ -483,10 +483,15 @@ def _make_handler(recorder: Recorder) -> Any:
             for rec in records:
                 key = rec.key()
                 value = rec.value()
+                headers: list[str | None] = []
+                for header in rec.headers():  # type: ignore[attr-defined]  # Java's ChangeEvent.headers(); not in the stub
+                    header_value = header.getValue()
+                    headers += [str(header.getKey()), None if header_value is None else str(header_value)]
                 recorder.add(
                     str(rec.destination()),
                     None if key is None else str(key),
                     None if value is None else str(value),
+                    headers,
                 )
 
     return Handler()

@@ -186,6 +186,39 @@ def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) ->
     )
 
 
+def test_kafka_headers_land_as_they_came_and_an_older_table_gains_their_column(lakehouse: Path, tmp_path: Path) -> None:
+    """Bronze keeps each record's Kafka headers (kcat writes them as one flat array of names and values), in order,
+    null for none. A null stays null at rest: pyiceberg 0.12 wrote an empty list (apache/iceberg-python#3833). A
+    table written before bronze kept headers gains the column, null on its rows."""
+    import pyarrow.parquet as pq
+
+    settings = make_settings(lakehouse)
+    ingest_file(settings, write_dump(tmp_path / "one.jsonl", [("p.s.t", 0, key(1), schema_record([ID], {"id": 1}, 9))]))
+    with load_catalog(settings).load_table("bronze.p_s_t").update_schema() as update:
+        update.delete_column("_cdc_headers")  # as a table written before bronze kept headers
+    kcat_headers = {1: ["__debezium.oldkey", '{"id":1}', "x", None, "x", "2"], 2: None, 3: []}
+    lines = []
+    for offset, headers in kcat_headers.items():
+        record = schema_record([ID], {"id": offset + 1}, 9 + offset)
+        item = {
+            "topic": "p.s.t",
+            "partition": 0,
+            "offset": offset,
+            "ts": 1,
+            "key": orjson.dumps(key(offset + 1)).decode(),
+        }
+        lines.append(orjson.dumps({**item, "payload": orjson.dumps(record).decode(), "headers": headers}))
+    (tmp_path / "two.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    ingest_file(settings, tmp_path / "two.jsonl")
+
+    table = load_catalog(settings).load_table("bronze.p_s_t")
+    landed = {row["_cdc_offset"]: row["_cdc_headers"] for row in table.scan().to_arrow().to_pylist()}
+    oldkey = {"key": "__debezium.oldkey", "value": b'{"id":1}'}
+    assert landed == {0: None, 1: [oldkey, {"key": "x", "value": None}, {"key": "x", "value": b"2"}], 2: None, 3: None}
+    newest = max(table.scan().plan_files(), key=lambda task: task.file.record_count).file.file_path
+    assert pq.read_table(newest.removeprefix("file://"), columns=["_cdc_headers"])["_cdc_headers"].null_count == 2
+
+
 def test_changes_iceberg_cannot_evolve_to_are_dead_letters(lakehouse: Path, tmp_path: Path) -> None:
     """Found by a review of bronze's schema evolution: a map's key type widening (Iceberg never changes one: the
     commit raised pyiceberg's ValueError, on every restart) and a column named again in another case only (two
@@ -396,8 +429,26 @@ def test_a_dump_out_of_order_stops_instead_of_losing_records(lakehouse: Path, tm
             r"partition 2147483648 or offset 3 out of Kafka's range",
         ),
         (b'{"topic":"t","partition":0,"offset":-1,"key":null,"payload":null}', r"partition 0 or offset -1 out of"),
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":null,"payload":null,"headers":["a","1","b"]}',
+            r"'headers' must be kcat's flat array of names and values$",
+        ),
+        (
+            b'{"topic":"t","partition":0,"offset":3,"key":null,"payload":null,"headers":["a","1",2,"x"]}',
+            r"header name 1 must be a string, not a JSON int$",
+        ),
     ],
-    ids=["payload-error", "no-payload", "deserialized", "cut-short", "gzip", "partition-range", "negative-offset"],
+    ids=[
+        "payload-error",
+        "no-payload",
+        "deserialized",
+        "cut-short",
+        "gzip",
+        "partition-range",
+        "negative-offset",
+        "odd-headers",
+        "header-name",
+    ],
 )
 def test_lines_without_the_records_bytes_stop_ingest_naming_why(line: bytes, reason: str) -> None:
     """A record kcat could not deserialize (-s) has a null payload and a payload_error: it landed as a tombstone,

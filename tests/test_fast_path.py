@@ -196,6 +196,33 @@ def test_mixed_topics_in_one_poll() -> None:
     assert_same(records)
 
 
+def with_headers(records: list[RawRecord]) -> list[RawRecord]:
+    """Kafka headers on most of ``records``: Debezium's context headers, and on some a primary-key change's
+    `__debezium.oldkey`, a repeated name, a null value and bytes that are not UTF-8; none on every fifth."""
+    context = [("__debezium.context.connectorLogicalName", b"dbserver1"), ("__debezium.context.taskId", b"0")]
+    odd = [("__debezium.oldkey", b'{"id":1001}'), ("x", None), ("x", b"\xff\x00")]
+    return [
+        r._replace(headers=None if i % 5 == 0 else context + (odd if i % 7 == 0 else [])) for i, r in enumerate(records)
+    ]
+
+
+@pytest.mark.parametrize("poll", [5000, 7])
+def test_headers_are_kept_in_order_on_both_paths(poll: int) -> None:
+    """Each row, dead letters included, holds its record's headers as they came (null for none)."""
+    records = with_headers(file_records(PG_DUMP) + fake_records("informix", 4, 2))
+    sent = {(r.topic, r.partition, r.offset): r.headers for r in records}
+    tables = assert_same(records, poll=poll)
+    kept = {}
+    for table, _ in tables.values():
+        for row in table.select(["_cdc_topic", "_cdc_partition", "_cdc_offset", "_cdc_headers"]).to_pylist():
+            headers = row["_cdc_headers"]
+            coordinates = (row["_cdc_topic"], row["_cdc_partition"], row["_cdc_offset"])
+            kept[coordinates] = None if headers is None else [(h["key"], h["value"]) for h in headers]
+    assert kept == sent
+    assert sum(headers is not None and len(headers) == 5 for headers in kept.values()) > 10
+    assert fast_share(records) > 0.5
+
+
 def upgraded_connector_records(source: str) -> list[RawRecord]:
     """One topic whose connector is upgraded mid-stream: ``source.snapshot`` a boolean (the seeds' form), then the
     io.debezium.data.Enum text of later connectors, at the offsets after."""
@@ -744,7 +771,7 @@ def bronze(root: Path, records: list[RawRecord], fast: bool, stale: bool = False
 
 @pytest.mark.parametrize("stale", [False, True])
 def test_committed_bronze_is_the_same(tmp_path: Path, stale: bool) -> None:
-    records = file_records(PG_DUMP) + fake_records("informix", 4, 2)
+    records = with_headers(file_records(PG_DUMP) + fake_records("informix", 4, 2))
     fast = bronze(tmp_path / "fast", records, True, stale)
     slow = bronze(tmp_path / "slow", records, False, stale)
     assert sorted(fast) == sorted(slow)

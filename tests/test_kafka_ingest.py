@@ -229,8 +229,10 @@ def test_real_postgres_stream_matches_the_file_source(
 ) -> None:
     prefix = unique("e") + "."
     lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]
-    for item in lines:
+    for number, item in enumerate(lines):
         item["topic"] = prefix + item["topic"]
+        if number % 3:  # headers in kcat's form (a flat array of names and values) on two records in three
+            item["headers"] = ["__debezium.context.taskId", "0", "x", None, "x", f"{number}"][: 2 + 4 * (number % 2)]
     dump = tmp_path / "renamed.jsonl"
     dump.write_bytes(b"".join(orjson.dumps(item) + b"\n" for item in lines))
 
@@ -241,6 +243,7 @@ def test_real_postgres_stream_matches_the_file_source(
             None if item["payload"] is None else item["payload"].encode(),
             partition=item["partition"],
             timestamp_ms=item["ts"],
+            headers=_kcat_headers(item.get("headers")),
         )
         for item in lines
     ]
@@ -263,9 +266,27 @@ def test_real_postgres_stream_matches_the_file_source(
 
     kafka_tables, file_tables = contents(via_kafka), contents(via_file)
     assert sorted(kafka_tables) == sorted(file_tables)
+    landed = {
+        (row["_cdc_topic"], row["_cdc_offset"]): row["_cdc_headers"] for rows in kafka_tables.values() for row in rows
+    }
+    assert landed == {
+        (item["topic"], item["offset"]): None
+        if "headers" not in item
+        else [{"key": key, "value": value} for key, value in _kcat_headers(item["headers"]) or []]
+        for item in lines
+    }
     assert "_cdc_dead_letters" in kafka_tables  # the oversized numeric, as with the file source
     for name in file_tables:
         assert kafka_tables[name] == file_tables[name], name
+
+
+def _kcat_headers(flat: list[str | None] | None) -> list[tuple[str, bytes | None]] | None:
+    if flat is None:
+        return None
+    return [
+        (str(name), None if value is None else value.encode())
+        for name, value in zip(flat[::2], flat[1::2], strict=True)
+    ]
 
 
 def test_cooperative_rebalancing_is_supported(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingest.bronze.rows import (
+    HEADERS_TYPE,
     LAST_KAFKA_TS_MS,
     RESERVED_COLUMNS,
     UTC_US,
@@ -916,7 +917,7 @@ class BatchDecoder:
         value_known: tuple[bytes, dict[str, Any], int] | None = None
         key_start = value_start = 0
         group: Group | None = None
-        for position, (topic, _partition, _offset, _timestamp, key, value) in enumerate(records):
+        for position, (topic, _partition, _offset, _timestamp, key, value, _headers) in enumerate(records):
             name = names[position]
             if name is None:
                 append(None)
@@ -1038,7 +1039,7 @@ class BatchDecoder:
         bad: Mask = None
 
         # The members' coordinates, column by column (a RawRecord is a tuple: zip transposes them in one go).
-        topics, partitions, offsets, stamps = list(zip(*[records[member] for member in members], strict=True))[:4]
+        topics, partitions, offsets, stamps, _, _, headers = zip(*[records[member] for member in members], strict=True)
         kafka_us = _kafka_timestamps(stamps)
         odd_rows: list[int] = []
         is_change = plan.kind is RecordKind.CHANGE
@@ -1057,6 +1058,10 @@ class BatchDecoder:
         arrays["_cdc_offset"] = pa.array(offsets, pa.int64())
         arrays["_cdc_kafka_ts"] = kafka_us.cast(UTC_US)
         arrays["_cdc_ingested_at"] = pa.repeat(pa.scalar(ingested_at, UTC_US), length)
+        if headers.count(None) == length:  # no headers (the usual case): no list per row
+            arrays["_cdc_headers"] = pa.nulls(length, HEADERS_TYPE)
+        else:
+            arrays["_cdc_headers"] = pa.array(headers, HEADERS_TYPE)
 
         if not is_change:
             bad = _or(bad, _validate_transaction(values))

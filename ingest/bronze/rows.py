@@ -40,12 +40,15 @@ class Layout(enum.StrEnum):
 
 
 UTC_US = pa.timestamp("us", tz="UTC")
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
 COORDINATE_FIELDS = [
     pa.field("_cdc_topic", pa.string()),
     pa.field("_cdc_partition", pa.int32()),
     pa.field("_cdc_offset", pa.int64()),
     pa.field("_cdc_kafka_ts", UTC_US),
     pa.field("_cdc_ingested_at", UTC_US),
+    # The record's Kafka headers in order, null when it has none (see RawRecord.headers).
+    pa.field("_cdc_headers", HEADERS_TYPE),
 ]
 CHANGE_FIELDS = [
     # Source position parsed to integers per connector; see ingest.debezium.ordering.
@@ -298,4 +301,5 @@ def coordinate_values(record: RawRecord, ingested_at: dt.datetime) -> dict[str, 
         "_cdc_offset": record.offset,
         "_cdc_kafka_ts": kafka_ts,
         "_cdc_ingested_at": ingested_at,
+        "_cdc_headers": record.headers,
     }

@@ -34,6 +34,9 @@ class RawRecord(NamedTuple):
     timestamp_ms: int | None
     key: bytes | None
     value: bytes | None
+    # The record's Kafka headers as the client gives them ((name, value) pairs in order; a name may repeat), None
+    # when it has none. Debezium puts a primary-key change's other key here (`__debezium.oldkey`/`newkey`).
+    headers: list[tuple[str, bytes | None]] | None = None
 
     @property
     def size(self) -> int:

@@ -24,6 +24,7 @@ class KafkaRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    headers: list[tuple[str, bytes | None]] | None = None
 
 
 def _text(data: bytes | None) -> str | None:

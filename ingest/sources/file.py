@@ -36,6 +36,10 @@ class NotJsonLineError(ConfigError):
     """A line of a dump that is not JSON at all (perhaps cut short: the last line of a dump kcat is writing)."""
 
 
+def _json_kind(value: Any) -> str:
+    return "a JSON " + ("object" if isinstance(value, dict) else type(value).__name__)
+
+
 def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
     if value is None:
         return None
@@ -45,11 +49,30 @@ def _text_to_bytes(value: Any, field: str, where: str) -> bytes | None:
             return value.encode("utf-8", errors="surrogateescape")
         except UnicodeEncodeError:
             return value.encode("utf-8", errors="surrogatepass")
-    kind = "a JSON " + ("object" if isinstance(value, dict) else type(value).__name__)
     raise ConfigError(
-        f"{where}: '{field}' must be a string or null, not {kind} (kcat deserializes with -s; dump with `kcat -C -J` "
-        "and no -s, so that it is the record's bytes)"
+        f"{where}: '{field}' must be a string or null, not {_json_kind(value)} (kcat deserializes with -s; dump "
+        "with `kcat -C -J` and no -s, so that it is the record's bytes)"
     )
+
+
+def _headers(value: Any, where: str) -> list[tuple[str, bytes | None]] | None:
+    """kcat -J writes a record's headers as one flat array, name then value (null for a null value), and leaves the
+    field out when the record has none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) % 2:
+        raise ConfigError(f"{where}: 'headers' must be kcat's flat array of names and values")
+    headers: list[tuple[str, bytes | None]] = []
+    for at in range(0, len(value), 2):
+        name = value[at]
+        if not isinstance(name, str):
+            raise ConfigError(f"{where}: header name {at // 2} must be a string, not {_json_kind(name)}")
+        try:
+            name.encode("utf-8")  # a Kafka header's name is text; a value may be any bytes
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: header name {at // 2} is not valid UTF-8") from None
+        headers.append((name, _text_to_bytes(value[at + 1], f"headers[{at + 1}]", where)))
+    return headers or None  # as from Kafka, where a record without headers and one with an empty list are alike
 
 
 def parse_line(line: bytes, where: str) -> RawRecord:
@@ -97,6 +120,7 @@ def parse_line(line: bytes, where: str) -> RawRecord:
         timestamp_ms=timestamp if type(timestamp) is int else None,
         key=_text_to_bytes(item.get("key"), "key", where),
         value=_text_to_bytes(item.get("payload"), "payload", where),
+        headers=_headers(item.get("headers"), where),
     )
 
 

@@ -357,6 +357,7 @@ class KafkaSource:
                         timestamp if timestamp_type else None,
                         message.key(),
                         message.value(),
+                        message.headers() or None,  # [] from some brokers: a v2 record always has a count
                     ),
                 )
             )
