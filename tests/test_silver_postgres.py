@@ -198,21 +198,32 @@ def test_schemaless_silver_documents_equal_what_postgresql_held(built: SilverHar
 
 def test_schemaless_history_versions_fill_placeholders_from_the_version_before(built: SilverHarness) -> None:
     """The same stream as versions (`history='scd2'`): each update's version has, for each value it left alone,
-    the value of the version before it (a plain-Python replay of the recorded images is the reference)."""
+    the value of the version before it, and so has a primary-key change's create, of its old key's last version
+    (a plain-Python replay of the recorded images is the reference)."""
     expected: dict[str, list[dict[str, Any]]] = {}
     for line in recorded("toast.jsonl", "pgreal_toastjson", schemas=False):
-        if not line["topic"].endswith(".documents"):
+        if not line["topic"].endswith(".documents") or line["payload"] is None:
             continue
         payload = orjson.loads(line["payload"])
-        versions = expected.setdefault(str(payload["after"]["id"]), [])
-        earlier = versions[-1] if payload["op"] == "u" else {}
-        versions.append({k: earlier.get(k) if v in PLACEHOLDER_FORMS else v for k, v in payload["after"].items()})
+        if payload["op"] == "d":
+            continue
+        headers = dict(zip(line.get("headers", [])[::2], line.get("headers", [])[1::2], strict=True))
+        earlier = {}
+        if payload["op"] == "u":
+            earlier = expected[str(payload["after"]["id"])][-1]
+        elif "__debezium.oldkey" in headers:  # JSON with its schema, as Debezium's JSON header converter writes it
+            earlier = expected[str(orjson.loads(headers["__debezium.oldkey"])["payload"]["id"])][-1]
+        version = {k: earlier.get(k) if v in PLACEHOLDER_FORMS else v for k, v in payload["after"].items()}
+        expected.setdefault(str(payload["after"]["id"]), []).append(version)
     rows = built.rows("silver.pgreal_toastjson_inventory_documents_history", "id, _cdc_document", "id, _cdc_valid_from")
     got: dict[str, list[dict[str, Any]]] = {}
     for row in rows:  # keys of a schemaless table are JSON text: strings
         got.setdefault(row["id"], []).append(orjson.loads(row["_cdc_document"]))
     assert got == expected
-    assert [len(versions) for versions in got.values()] == [4, 2, 2]  # the snapshot or insert, then each update
+    # the snapshot or insert, then each update; documents 5 and 6 are 3 and 1 after a primary-key change
+    assert {key: len(versions) for key, versions in got.items()} == {"1": 4, "2": 2, "3": 2, "5": 1, "6": 2}
+    assert got["5"][0]["body"] == got["3"][-1]["body"]
+    assert got["6"][0]["body"] == got["1"][-1]["body"]
 
 
 @pytest.mark.parametrize(
@@ -222,20 +233,30 @@ def test_the_toast_stream_holds_the_placeholder_in_each_form(built: SilverHarnes
     """What makes the documents' comparisons above mean something: the recorded updates carry Debezium's placeholder
     for each large value they left alone, in each of its forms (text `body`, bytes `attachment`, text array `tags`,
     integer array `scores`, uuid array `refs`, hstore `attrs` as JSON text or as a map), for a document silver
-    already held (1) and for one inserted earlier in the same unit of work (3)."""
-    forms: dict[int, set[str]] = {}
+    already held (1) and for one inserted earlier in the same unit of work (3); and so do the creates of the
+    primary-key changes that moved them (to 6 and 5), which Debezium marks with the old key's header."""
+    forms: dict[tuple[str, int], set[str]] = {}
     for line in recorded(dump, "pgreal_toast"):
-        if op(line) != "u":
+        if op(line) not in ("u", "c") or (op(line) == "c" and "__debezium.oldkey" not in line.get("headers", [])):
             continue
         after = orjson.loads(line["payload"])["payload"]["after"]
-        found = forms.setdefault(after["id"], set())
+        found = forms.setdefault((str(op(line)), after["id"]), set())
         found |= {column for column, value in after.items() if value in PLACEHOLDER_FORMS}
         assert after["attrs"] == hstore or after["id"] == 2
     large = {"body", "tags", "attachment", "scores", "refs", "attrs"}
-    assert forms == {1: large, 2: set(), 3: large}
+    assert forms == {
+        ("u", 1): large,
+        ("u", 2): set(),
+        ("u", 3): large,
+        ("c", 5): large,
+        ("c", 6): large - {"tags"},  # set to NULL on 1 before the move: a null an update carries is a value
+        ("u", 6): large - {"tags"},
+    }
     rows = {row["id"]: row for row in built.rows("silver.pgreal_toast_inventory_documents", order="id")}
-    assert rows[1]["tags"] is None  # the last update set it to NULL: a null an update carries is a value
-    assert rows[3]["body"].startswith("gamma ")
+    assert sorted(rows) == [2, 5, 6]
+    assert rows[6]["tags"] is None
+    assert rows[6]["body"].startswith("beta ")  # document 1's body, updated before it moved to 6
+    assert rows[5]["body"].startswith("gamma ")
 
 
 def test_source_freshness_reads_when_each_bronze_table_last_landed_a_record(built: SilverHarness) -> None:

@@ -15,6 +15,11 @@
   update folds onto the full images before it. An update older than silver's row therefore never mixes into it.
   A MongoDB update that cannot be folded (no document before it, a path it cannot follow) fails the run, naming
   the event: never a partial or wrong document.
+
+  A primary-key change is a delete of the old key and a create of the new one, both at the same position, and the
+  create carries the update's partial image. Debezium marks the create with the `__debezium.oldkey` header and the
+  delete with `__debezium.newkey` (bronze keeps both in `_cdc_headers`): the create is folded onto the old key's
+  image before its delete (fold_moved_creates), and then serves as the new key's full image.
 -#}
 
 {% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
@@ -26,8 +31,10 @@
 {% macro default__fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
   {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
   {%- set placeholder = none -%}
+  {#- Whether the unit can hold primary-key changes to fold (bronze keeps headers, and the model reads them). -#}
+  {%- set moves = '_cdc_headers' in layout.input_columns -%}
   {%- if not layout.document -%}
-    {%- set placeholder = cdclake.unavailable_placeholder_in(bronze, changes, probe_unavailable) -%}
+    {%- set placeholder = cdclake.unavailable_placeholder_in(bronze, changes, probe_unavailable, moves) -%}
     {%- if not ignore_nulls and placeholder is none %}{{ return(changes) }}{% endif -%}
   {%- endif -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
@@ -38,30 +45,21 @@
     {%- if 'updateDescription' not in types and 'patch' not in types -%}
       {#- Schemaless images of another connector (JSON text): only placeholders to fold. Always looked for: bronze
           tables written before cdclake counted them in JSON text hold a count of 0 for them. -#}
-      {%- set placeholder = cdclake.unavailable_document_placeholder_in(changes) -%}
+      {%- set placeholder = cdclake.unavailable_document_placeholder_in(changes, moves) -%}
       {%- if placeholder is none %}{{ return(changes) }}{% endif -%}
     {%- elif run_query("select count(*) from " ~ changes ~ " where op = 'u' and after is null").rows[0][0] == 0 -%}
       {{ return(changes) }}
+    {%- else -%}
+      {%- set moves = false -%}  {#- MongoDB: a document's _id never changes -#}
     {%- endif -%}
   {%- endif -%}
   {%- set folded = cdclake.scratch_table(layout, 'folded') -%}
-  {#- Written once to a table of this run: the folding expressions are large, and each statement that read them
-      as a view, or as a cached relation (which keeps the plan it was made from), analyzed, canonicalized and
-      printed them again for Spark's listeners: 30-40 s per statement on a few rows. A table reads as a scan. -#}
   {%- set fold = cdclake.fold_setup(bronze, changes, layout, delete_mode, history, placeholder) -%}
-  {%- set segments = cdclake.fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
-  {%- set images = cdclake.fold_images_sql(changes, layout, fold, placeholder) -%}
-  {%- if layout.document -%}
-    {#- In two statements: Spark's analyzer passes over a whole query once per level of nesting of its deepest
-        expression, and a document's two large ones (the edits read from the change, their fold) come one after
-        the other: analyzed apart, each pass covers only one of them (docs/silver.md, Cost). -#}
-    {%- set staged = cdclake.scratch_table(layout, 'folding') -%}
-    {% do run_query('create table ' ~ staged ~ ' using iceberg as with ' ~ segments ~ ' select * from ' ~ fold.staged) %}
-    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ fold.staged ~ ' as (select * from ' ~ staged ~ ')' ~ (', ' if fold.staged == 'segmented' else ' ') ~ images) %}
-    {% do run_query('drop table if exists ' ~ staged ~ ' purge') %}
-  {%- else -%}
-    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ segments ~ ' ' ~ images) %}
-  {%- endif -%}
+  {%- set moved = cdclake.fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) if moves else changes -%}
+  {%- set segments = cdclake.fold_segments_sql(moved, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
+  {%- set images = cdclake.fold_images_sql(moved, layout, fold, placeholder) -%}
+  {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'folding'), segments, images, layout, fold) %}
+  {%- if moved != changes %}{% do run_query('drop table if exists ' ~ moved ~ ' purge') %}{% endif -%}
   {%- if layout.document -%}
     {%- set errors = run_query("select " ~ cdclake.json_error_message('after') ~ " from " ~ folded ~ " where instr(after, chr(0)) > 0 limit 1").rows -%}
     {%- if errors | length -%}
@@ -73,25 +71,129 @@
 {%- endmacro %}
 
 
+{#- Writes the fold (`segments` and `images`, see fold_segments_sql) to table `folded` (`staged`: a table for its first
+    half, documents), once: the folding expressions are large, and each statement that read them as a view, or as a
+    cached relation (which keeps the plan it was made from), analyzed, canonicalized and printed them again for
+    Spark's listeners: 30-40 s per statement on a few rows. A table reads as a scan. -#}
+{% macro write_fold(folded, staged, segments, images, layout, fold) -%}
+  {%- if layout.document -%}
+    {#- In two statements: Spark's analyzer passes over a whole query once per level of nesting of its deepest
+        expression, and a document's two large ones (the edits read from the change, their fold) come one after
+        the other: analyzed apart, each pass covers only one of them (docs/silver.md, Cost). -#}
+    {% do run_query('create table ' ~ staged ~ ' using iceberg as with ' ~ segments ~ ' select * from ' ~ fold.staged) %}
+    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ fold.staged ~ ' as (select * from ' ~ staged ~ ')' ~ (', ' if fold.staged == 'segmented' else ' ') ~ images) %}
+    {% do run_query('drop table if exists ' ~ staged ~ ' purge') %}
+  {%- else -%}
+    {% do run_query('create table ' ~ folded ~ ' using iceberg as with ' ~ segments ~ ' ' ~ images) %}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- A create of the unit that Debezium sent for a primary-key change (see the header), as a condition. -#}
+{% macro moved_create_sql() -%}
+  (op = 'c' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.oldkey'))
+{%- endmacro %}
+
+
+{#-
+  The unit of work (`changes`) with each primary-key change's create folded onto the old key's image before its
+  delete (a table of the run), or `changes` itself when it holds no such create with a partial image.
+  A create is paired with the delete at its position in its topic that carries `__debezium.newkey` (when there is
+  one such delete, and it pairs with no other create; otherwise the create is left as it came). The fold reads the
+  create as an update of the delete's key, just before the delete (a create ranks before a delete at a position),
+  and folds every version (`every`), so that it reaches the create, which is not its key's last change. As with
+  an update, a value that no image before it holds stays null (typed images) or left out (documents).
+-#}
+{% macro fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
+  {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
+  {%- if layout.document -%}
+    {%- set partial = cdclake.json_placeholder_edits_sql(placeholder, "''", 'true') ~ ' is not null' -%}
+  {%- else -%}
+    {%- set partial = cdclake.missing_value_sql(fold.fields, placeholder) | join(' or ') -%}
+  {%- endif -%}
+  {%- if run_query('select count(*) from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')').rows[0][0] == 0 -%}
+    {{ return(changes) }}
+  {%- endif -%}
+  {% do run_query('create table ' ~ pairs ~ ' using iceberg as select * from ('
+    ~ 'select c._cdc_topic as _cdc_moved_topic, c._cdc_partition as _cdc_moved_partition, c._cdc_offset as _cdc_moved_offset, d.*,'
+    ~ ' count(*) over (partition by c._cdc_topic, c._cdc_partition, c._cdc_offset) as _cdc_deletes,'
+    ~ ' count(*) over (partition by d._cdc_delete_partition, d._cdc_delete_offset) as _cdc_creates'
+    ~ ' from (select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')) c'
+    ~ ' join (select _cdc_topic as _cdc_delete_topic, _cdc_partition as _cdc_delete_partition, _cdc_offset as _cdc_delete_offset, _cdc_order as _cdc_delete_order'
+    ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ changes ~ " where op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey')) d"
+    ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
+    ~ ') where _cdc_deletes = 1 and _cdc_creates = 1') %}
+  {%- if run_query('select count(*) from ' ~ pairs).rows[0][0] == 0 -%}
+    {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
+    {{ return(changes) }}
+  {%- endif -%}
+  {%- set moving = {} -%}
+  {%- do moving.update(fold) -%}
+  {%- do moving.update({'every': true, 'staged': 'segmented' if layout.document else 'folded', 'moves': pairs}) -%}
+  {%- set folded = cdclake.scratch_table(layout, 'moves_folded') -%}
+  {%- set segments = cdclake.fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, moving, placeholder) -%}
+  {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'moves_folding'), segments, cdclake.fold_images_sql(changes, layout, moving, placeholder), layout, moving) %}
+  {%- set moved = cdclake.scratch_table(layout, 'moved') -%}
+  {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
+    ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when m._cdc_moved_offset is not null then f.after else c.after end')
+    ~ ' from ' ~ changes ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
+    ~ ' left join ' ~ folded ~ ' f on m._cdc_moved_offset is not null and f._cdc_topic = c._cdc_topic and f._cdc_partition = c._cdc_partition and f._cdc_offset = c._cdc_offset') %}
+  {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
+  {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
+  {{ return(moved) }}
+{%- endmacro %}
+
+
+{#- The key columns of a moved create's delete (its old key), named _cdc_moved_fk<i>, as a select list's tail. -#}
+{% macro moved_keys_sql(layout) -%}
+  {%- for key in layout.key_columns %}, {{ layout.key_exprs[key] }} as _cdc_moved_fk{{ loop.index0 }}{% endfor -%}
+{%- endmacro %}
+
+
+{#- `columns` (of a bronze row `prefix`) as a select list, with `after` computed by `after`. -#}
+{% macro columns_with_after(columns, prefix, after) -%}
+  {%- for column in columns %}{% if column == 'after' %}{{ after }}{% else %}{{ prefix }}{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor -%}
+{%- endmacro %}
+
+
+{#- Per field of a typed image, the condition that a change does not carry its value: the placeholder, or a null
+    with ignore_null_updates. -#}
+{% macro missing_value_sql(fields, placeholder) -%}
+  {%- set conditions = [] -%}
+  {%- for field in fields -%}
+    {%- set missing = [] -%}
+    {%- if config.get('ignore_null_updates', false) %}{% do missing.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
+    {%- if placeholder is not none %}{% do missing.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif -%}
+    {%- do conditions.append('(' ~ missing | join(' or ') ~ ')') -%}
+  {%- endfor -%}
+  {{ return(conditions) }}
+{%- endmacro %}
+
+
 {#- The placeholder (config unavailable_value) when the unit of work holds it in an update's text, bytes or text
     array column, else none: bronze's counts rule it out (`probe`: false; only for Debezium's default placeholder,
-    which is what `cdclake ingest` counts) or a query over the updates finds none. (Not decided from the type of
-    `after` that `describe` prints: Spark cuts a wide struct's type short.) -#}
-{% macro unavailable_placeholder_in(bronze, changes, probe) -%}
+    which is what `cdclake ingest` counts) or a query over the updates (`moves`: and primary-key changes' creates)
+    finds none. (Not decided from the type of `after` that `describe` prints: Spark cuts a wide struct's type short.) -#}
+{% macro unavailable_placeholder_in(bronze, changes, probe, moves=false) -%}
   {%- set placeholder = cdclake.configured_placeholder() -%}
   {%- if placeholder is none or (not probe and placeholder == '__debezium_unavailable_value') %}{{ return(none) }}{% endif -%}
   {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
-  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where " ~ cdclake.partial_change_sql(moves) ~ " and (" ~ cdclake.unavailable_any_sql(fields, placeholder) ~ ")").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
 {%- endmacro %}
 
 {#- The placeholder when an update's JSON text image (schemaless bronze) may hold it, else none: a cheap text
     search for each form json_placeholder_forms_sql lists. Each member is checked when folding. -#}
-{% macro unavailable_document_placeholder_in(changes) -%}
+{% macro unavailable_document_placeholder_in(changes, moves=false) -%}
   {%- set placeholder = cdclake.configured_placeholder() -%}
   {%- if placeholder is none %}{{ return(none) }}{% endif -%}
-  {%- set found = run_query("select count(*) from " ~ changes ~ " where op = 'u' and exists(array(" ~ cdclake.json_placeholder_forms_sql(placeholder) ~ "), _cdc_f -> instr(after, _cdc_f) > 0)").rows[0][0] -%}
+  {%- set found = run_query("select count(*) from " ~ changes ~ " where " ~ cdclake.partial_change_sql(moves) ~ " and exists(array(" ~ cdclake.json_placeholder_forms_sql(placeholder) ~ "), _cdc_f -> instr(after, _cdc_f) > 0)").rows[0][0] -%}
   {{ return(placeholder if found > 0 else none) }}
+{%- endmacro %}
+
+{#- The changes whose image may be partial: updates and (`moves`) primary-key changes' creates, as a condition. -#}
+{% macro partial_change_sql(moves) -%}
+  {{ "(op = 'u' or " ~ cdclake.moved_create_sql() ~ ")" if moves else "op = 'u'" }}
 {%- endmacro %}
 
 {#- The model's placeholder (config unavailable_value; Debezium's default), none when folding it is turned off. -#}
@@ -145,9 +247,10 @@
 
 {#- Edits (json_documents.sql) of a schemaless update whose image holds the placeholder: set every other member,
     each a top-level key (a column name, never a dotted path), then keep only the image's keys (a column the source
-    dropped since the earlier image goes, as with a full image); null when it holds none (a full image). -#}
-{% macro json_placeholder_edits_sql(placeholder, event) -%}
-  case when op = 'u' and left(trim(after), 1) = '{'
+    dropped since the earlier image goes, as with a full image); null when it holds none (a full image) or is not
+    `partial` (a condition: an update, or a moved create, see fold_moved_creates). -#}
+{% macro json_placeholder_edits_sql(placeholder, event, partial="op = 'u'") -%}
+  case when {{ partial }} and left(trim(after), 1) = '{'
       and exists(json_object_keys(after), _cdc_k -> {{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})
     then concat(transform(filter(json_object_keys(after), _cdc_k -> not ({{ cdclake.json_is_placeholder_sql(cdclake.json_member('after', '_cdc_k', event), placeholder) }})),
       _cdc_k -> named_struct('op', 'set', 'path', array(_cdc_k), 'value', {{ cdclake.json_member('after', '_cdc_k', event) }},
@@ -206,32 +309,39 @@
     segment holds); fold_images_sql the ones after it and the query: the unit's rows with `after` folded. -#}
 {% macro fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder=none) -%}
   {%- set columns, fields, partition, scd2 = fold.columns, fold.fields, fold.partition, fold.scd2 -%}
+  {#- fold.moves (fold_moved_creates): the table pairing primary-key changes' creates with their old keys. -#}
+  {%- set moves = fold.get('moves') -%}
+  {%- set partial = "(op = 'u' or _cdc_m._cdc_moved_offset is not null)" if moves else "op = 'u'" -%}
 unit as (
   select
     struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
     {%- for key in layout.key_columns %}
+    {%- if moves %}
+    case when _cdc_m._cdc_moved_offset is null then {{ layout.key_exprs[key] }} else _cdc_m._cdc_moved_fk{{ loop.index0 }} end as _cdc_fk{{ loop.index0 }},
+    {%- else %}
     {{ layout.key_exprs[key] }} as _cdc_fk{{ loop.index0 }},
+    {%- endif %}
     {%- endfor %}
     named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
     {%- if layout.document and placeholder is not none %}
     after as _cdc_doc,
-    {{ cdclake.json_placeholder_edits_sql(placeholder, cdclake.change_event_sql('')) }} as _cdc_edits
+    {{ cdclake.json_placeholder_edits_sql(placeholder, cdclake.change_event_sql(''), partial) }} as _cdc_edits
     {%- elif layout.document %}
     {{ cdclake.document_image_sql(types) }} as _cdc_doc,
     {{ cdclake.document_edits_sql(types, cdclake.change_event_sql('')) }} as _cdc_edits
     {%- else %}
     {#- Each image value as struct(v): null when the update does not carry it (folded from the image before),
         so that a null the update does carry stays a value. -#}
-    {%- set ignore_nulls = config.get('ignore_null_updates', false) -%}
+    {%- set missing = cdclake.missing_value_sql(fields, placeholder) -%}
     {%- for field in fields %}
-    {%- set missing = [] -%}
-    {%- if ignore_nulls %}{% do missing.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
-    {%- if placeholder is not none %}{% do missing.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif %}
-    case when op = 'u' and ({{ missing | join(' or ') }}) then null else named_struct('v', after.{{ cdclake.quote(field) }}) end as _cdc_v{{ loop.index0 }},
+    case when {{ partial }} and {{ missing[loop.index0] }} then null else named_struct('v', after.{{ cdclake.quote(field) }}) end as _cdc_v{{ loop.index0 }},
     {%- endfor %}
-    op <> 'u' as _cdc_full
+    not {{ partial }} as _cdc_full
     {%- endif %}
   from {{ changes }}
+  {%- if moves %}
+  left join {{ moves }} _cdc_m on _cdc_topic = _cdc_m._cdc_moved_topic and _cdc_partition = _cdc_m._cdc_moved_partition and _cdc_offset = _cdc_m._cdc_moved_offset
+  {%- endif %}
   where op in ('c', 'u', 'd', 'r')
 ),
 touched as (
@@ -331,7 +441,7 @@ folded as (
 {%- endif %}
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image, ('u', 'c') if fold.get('moves') else ('u',)) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
@@ -366,7 +476,8 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     `placeholders`: documents fold unavailable-value placeholders, and one with no earlier value stays without one
     (as in typed images: last_value over nulls) instead of failing the run. `pre_image`: with no document before
     it, an update folds onto its segment's first pre-image (`before`), where the connector sends one. -#}
-{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false) -%}
+{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false, partial_ops=('u',)) -%}
+  {%- set partial = "_cdc_row.op in ('" ~ partial_ops | join("', '") ~ "')" -%}
   {%- if layout.document -%}
   {%- set base = cdclake.fold_base_sql(pre_image) -%}
   {%- set fold -%}
@@ -376,7 +487,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     {{ cdclake.fold_edits_sql('_cdc_edit_list', cdclake.fold_start_sql(pre_image, placeholders)) }}
     {%- endif -%}
   {%- endset -%}
-  case when _cdc_row.op <> 'u' then _cdc_row.after
+  case when not {{ partial }} then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
       {%- if placeholders %}
@@ -391,7 +502,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
       {%- endif %}
   end
   {%- else -%}
-  case when _cdc_row.op = 'u' then named_struct(
+  case when {{ partial }} then named_struct(
     {%- for field in fields %}'{{ field | replace("\\", "\\\\") | replace("'", "\\'") }}', _cdc_v{{ loop.index0 }}.v{% if not loop.last %}, {% endif %}{% endfor -%}
   ) else _cdc_row.after end
   {%- endif -%}

@@ -80,7 +80,8 @@
 {% endtest %}
 
 
-{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op, its `after`); with `snapshot`,
+{#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op, its `after`,
+    `_cdc_partial`: whether its image may be partial: an update, or a primary-key change's create); with `snapshot`,
     over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps. -#}
 {% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none) -%}
   {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
@@ -96,6 +97,7 @@
       {{ key_exprs.get(key, 'null') }} as {{ cdclake.quote(key) }},
       {%- endfor %}
       _cdc_order, op as _cdc_op, _cdc_offset, after,
+      {{ cdclake.partial_change_sql('_cdc_headers' in types) }} as _cdc_partial,
       row_number() over (
         partition by {% for key in keys %}{{ key_exprs.get(key, 'null') }}{% if not loop.last %}, {% endif %}{% endfor %}
         order by _cdc_order desc, {{ cdclake.op_rank('op') }} desc, _cdc_offset desc) as _cdc_rank
@@ -121,8 +123,8 @@
     bronze's typed `after` names (not the model's extracted columns, not a document), as [{'name', 'field',
     'type', 'skip'}] (`type`: silver's, where the expected value is cast to it; none for a nested type, compared
     as JSON text: Spark cannot compare maps). `skip`: when the change does not carry the value (a condition on the
-    recomputation's row), as that run read partial images: an update's nulls with ignore_null_updates, the
-    placeholder of an unchanged TOAST or LOB column. -#}
+    recomputation's row), as that run read partial images: an update's (or a primary-key change's create's) nulls
+    with ignore_null_updates, the placeholder of an unchanged TOAST or LOB column. -#}
 {% macro recompute_value_columns(model, bronze, shape) -%}
   {%- set images = fromjson(cdclake.silver_property(model, 'cdclake.images') or 'null') -%}
   {%- set types = cdclake.describe_columns(bronze) -%}
@@ -138,7 +140,7 @@
     {%- if images.get('ignore_null_updates') %}{% do skips.append('after.' ~ cdclake.quote(field) ~ ' is null') %}{% endif -%}
     {%- if placeholder is not none %}{% do skips.append(cdclake.unavailable_sql(field, placeholder)) %}{% endif -%}
     {%- do compared.append({'name': column.name, 'field': field, 'type': none if '<' in column.dtype else column.dtype,
-                            'skip': "_cdc_op = 'u' and (" ~ skips | join(' or ') ~ ")" if skips else 'false'}) -%}
+                            'skip': "_cdc_partial and (" ~ skips | join(' or ') ~ ")" if skips else 'false'}) -%}
   {%- endfor -%}
   {{ return(compared) }}
 {%- endmacro %}
