@@ -65,7 +65,9 @@ class Change:
     """One change to key ``id`` at position ``lsn`` (op c/u/d/r/t); ``v`` is the new value.
 
     ``n`` is the image's other column: the position by default, or a value (None: not carried, as an update under
-    Oracle PK-only supplemental logging leaves the columns it did not change).
+    Oracle PK-only supplemental logging leaves the columns it did not change). A primary-key change is a delete
+    with ``new_key`` and a create with ``old_key`` at one position, which get Debezium's `__debezium.newkey` and
+    `__debezium.oldkey` headers.
     """
 
     op: str
@@ -74,6 +76,8 @@ class Change:
     v: str | None = None
     tombstone: bool = True  # a delete is followed by a tombstone, as Debezium does by default
     n: int | Literal["lsn"] | None = "lsn"
+    old_key: int | None = None
+    new_key: int | None = None
 
     @property
     def n_value(self) -> int | None:
@@ -118,13 +122,18 @@ class Topic:
                 "ts_ms": 1_700_000_000_000 + change.lsn,
             }
             key = None if change.op == "t" else {"schema": KEY_SCHEMA, "payload": {"id": change.id}}
-            lines.append(self._line(key, {"schema": schema, "payload": payload}))
+            headers = []  # kcat's form; the key as Kafka Connect's default header converter writes a struct
+            if change.old_key is not None:
+                headers = ["__debezium.oldkey", orjson.dumps({"id": change.old_key}).decode()]
+            if change.new_key is not None:
+                headers = ["__debezium.newkey", orjson.dumps({"id": change.new_key}).decode()]
+            lines.append(self._line(key, {"schema": schema, "payload": payload}, headers))
             self.landed.append((change, self.next_offset - 1))
             if change.op == "d" and change.tombstone:
-                lines.append(self._line(key, None))
+                lines.append(self._line(key, None, headers))
         return lines
 
-    def _line(self, key: Any, value: Any) -> dict[str, Any]:
+    def _line(self, key: Any, value: Any, headers: list[str] | None = None) -> dict[str, Any]:
         line = {
             "topic": self.name,
             "partition": 0,
@@ -133,6 +142,8 @@ class Topic:
             "key": None if key is None else orjson.dumps(key).decode(),
             "payload": None if value is None else orjson.dumps(value).decode(),
         }
+        if headers:
+            line["headers"] = headers
         self.next_offset += 1
         return line
 

@@ -189,8 +189,14 @@ class FoldedRows:
             if change.id in self.rows and position <= self.rows[change.id][0]:
                 continue
             previous = self.rows.get(change.id, (position, None))[1]
+            if change.old_key is not None:  # a primary-key change: the old key's image, when it has one before it
+                held, old_image = self.rows.get(change.old_key, (position, None))
+                previous = old_image if old_image is not None and held < position else previous
             image: Image = None
-            if change.op in "cr":
+            if change.op == "c" and change.old_key is not None:
+                carried = {"v": change.v, "n": change.n_value}
+                image = {k: value if value is not None else (previous or {}).get(k) for k, value in carried.items()}
+            elif change.op in "cr":
                 image = {"v": change.v, "n": change.n_value}
             elif change.op == "u":
                 carried = {"v": change.v, "n": change.n_value}
@@ -231,6 +237,75 @@ def test_random_partial_updates_match_the_reference_model(
             Change(op, key, lsn, None if op == "d" else v, n=None if op == "d" else n) for op, key, lsn, v, n in batch
         ]
         changes = with_replay(landed, changes, replay)
+        harness.apply(topic, changes, dumps, "ignore_null_updates=true")
+        reference.fold(topic.landed[-len(changes) :])
+        assert images(harness, topic) == reference.images()
+
+
+def moved(old: int, new: int, lsn: int, v: str | None, n: int | None) -> list[Change]:
+    """A primary-key change from ``old`` to ``new`` under PK-only logging: the create carries what changed."""
+    return [Change(D, old, lsn, new_key=new), Change(C, new, lsn, v, n=n, old_key=old)]
+
+
+def test_a_primary_key_change_takes_the_old_keys_values(harness: SilverHarness, tmp_path: Path) -> None:
+    """Oracle's PK-only logging (or PostgreSQL's unchanged TOAST values): the create of a primary-key change carries
+    the key and what changed; the rest is the old key's, from silver or from the same unit of work. Then an update of
+    the moved key folds onto it, and a replay of the change (at other offsets) changes nothing."""
+    topic = harness.topic("pk_moves")
+    config = "ignore_null_updates=true"
+    harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 11, "b", n=200)], tmp_path, config)
+    unit = [*moved(1, 5, 20, None, None), Change(U, 2, 21, None, n=201), *moved(2, 6, 22, "b2", None)]
+    harness.apply(topic, [*unit, Change(U, 5, 23, "a2", n=None)], tmp_path, config)
+    assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
+    # Replayed (the changes of keys 1 and 2 again, at other offsets): no image of 1 or 2 comes before the creates now
+    # (their deletes did), so they fold onto the moved keys' own rows, as updates of 5 and 6 would.
+    harness.apply(topic, [*moved(1, 5, 20, None, None), *moved(2, 6, 22, "b2", None)], tmp_path, config)
+    assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
+
+
+@st.composite
+def key_moving_histories(draw: st.DrawFn) -> list[list[Change]]:
+    """Units of work of a table's history of inserts, PK-only updates, deletes and primary-key changes, as the
+    source could have made them (a key changes to one not in use)."""
+    live: set[int] = set()
+    changes: list[Change] = []
+    steps = st.tuples(
+        st.sampled_from("cuudmm"), st.integers(1, 4), st.integers(1, 4), st.sampled_from(["p", "q", None])
+    )
+    for lsn, (op, key, other, v) in enumerate(draw(st.lists(steps, min_size=1, max_size=12)), start=1):
+        n = draw(st.sampled_from([lsn, None]))
+        if op == "c" and key not in live:
+            changes.append(Change(C, key, lsn, v or "x", n=n))
+            live.add(key)
+        elif op == "u" and key in live:
+            changes.append(Change(U, key, lsn, v, n=n))
+        elif op == "d" and key in live:
+            changes.append(Change(D, key, lsn))
+            live.remove(key)
+        elif op == "m" and key in live and other not in live:
+            changes += moved(key, other, lsn, v, n)
+            live = (live - {key}) | {other}
+    # A primary-key change's delete and create stay in one unit of work (one source event, one partition here).
+    cuts = sorted(
+        cut
+        for cut in draw(st.sets(st.integers(1, max(len(changes) - 1, 1)), max_size=2))
+        if cut < len(changes) and changes[cut].old_key is None
+    )
+    units = [changes[a:b] for a, b in zip([0, *cuts], [*cuts, len(changes)], strict=True)]
+    return [unit for unit in units if unit]
+
+
+@dbt_examples(3)
+@given(units=key_moving_histories(), replay=st.booleans())
+def test_random_primary_key_changes_match_the_reference_model(
+    harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory, units: list[list[Change]], replay: bool
+) -> None:
+    topic = harness.topic("pk_move_property")
+    dumps = tmp_path_factory.mktemp("pk_move_property")
+    reference = FoldedRows()
+    landed: list[Change] = []
+    for unit in units:
+        changes = with_replay(landed, unit, replay)
         harness.apply(topic, changes, dumps, "ignore_null_updates=true")
         reference.fold(topic.landed[-len(changes) :])
         assert images(harness, topic) == reference.images()

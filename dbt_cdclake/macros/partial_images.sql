@@ -19,7 +19,8 @@
   A primary-key change is a delete of the old key and a create of the new one, both at the same position, and the
   create carries the update's partial image. Debezium marks the create with the `__debezium.oldkey` header and the
   delete with `__debezium.newkey` (bronze keeps both in `_cdc_headers`): the create is folded onto the old key's
-  image before its delete (fold_moved_creates), and then serves as the new key's full image.
+  image before its delete (fold_moved_creates), and then serves as the new key's full image. One whose old key has
+  no image before it (a replay of the change, after the delete) is folded like an update of its own key.
 -#}
 
 {% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
@@ -55,6 +56,7 @@
   {%- endif -%}
   {%- set folded = cdclake.scratch_table(layout, 'folded') -%}
   {%- set fold = cdclake.fold_setup(bronze, changes, layout, delete_mode, history, placeholder) -%}
+  {%- do fold.update({'moved_creates': moves}) -%}
   {%- set moved = cdclake.fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) if moves else changes -%}
   {%- set segments = cdclake.fold_segments_sql(moved, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- set images = cdclake.fold_images_sql(moved, layout, fold, placeholder) -%}
@@ -90,8 +92,8 @@
 
 
 {#- A create of the unit that Debezium sent for a primary-key change (see the header), as a condition. -#}
-{% macro moved_create_sql() -%}
-  (op = 'c' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.oldkey'))
+{% macro moved_create_sql(prefix='') -%}
+  ({{ prefix }}op = 'c' and exists({{ prefix }}_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.oldkey'))
 {%- endmacro %}
 
 
@@ -101,8 +103,9 @@
   A create is paired with the delete at its position in its topic that carries `__debezium.newkey` (when there is
   one such delete, and it pairs with no other create; otherwise the create is left as it came). The fold reads the
   create as an update of the delete's key, just before the delete (a create ranks before a delete at a position),
-  and folds every version (`every`), so that it reaches the create, which is not its key's last change. As with
-  an update, a value that no image before it holds stays null (typed images) or left out (documents).
+  and folds every version (`every`), so that it reaches the create, which is not its key's last change. A create
+  whose old key has no image before it there (a replay of the change in a later unit: the delete came before) is
+  left as it came, for the fold of its own key (default__fold_partial_images).
 -#}
 {% macro fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
@@ -135,7 +138,7 @@
   {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'moves_folding'), segments, cdclake.fold_images_sql(changes, layout, moving, placeholder), layout, moving) %}
   {%- set moved = cdclake.scratch_table(layout, 'moved') -%}
   {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
-    ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when m._cdc_moved_offset is not null then f.after else c.after end')
+    ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when f._cdc_based then f.after else c.after end')
     ~ ' from ' ~ changes ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
     ~ ' left join ' ~ folded ~ ' f on m._cdc_moved_offset is not null and f._cdc_topic = c._cdc_topic and f._cdc_partition = c._cdc_partition and f._cdc_offset = c._cdc_offset') %}
   {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
@@ -192,8 +195,8 @@
 {%- endmacro %}
 
 {#- The changes whose image may be partial: updates and (`moves`) primary-key changes' creates, as a condition. -#}
-{% macro partial_change_sql(moves) -%}
-  {{ "(op = 'u' or " ~ cdclake.moved_create_sql() ~ ")" if moves else "op = 'u'" }}
+{% macro partial_change_sql(moves, prefix='') -%}
+  {{ "(" ~ prefix ~ "op = 'u' or " ~ cdclake.moved_create_sql(prefix) ~ ")" if moves else prefix ~ "op = 'u'" }}
 {%- endmacro %}
 
 {#- The model's placeholder (config unavailable_value; Debezium's default), none when folding it is turned off. -#}
@@ -309,9 +312,10 @@
     segment holds); fold_images_sql the ones after it and the query: the unit's rows with `after` folded. -#}
 {% macro fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, fold, placeholder=none) -%}
   {%- set columns, fields, partition, scd2 = fold.columns, fold.fields, fold.partition, fold.scd2 -%}
-  {#- fold.moves (fold_moved_creates): the table pairing primary-key changes' creates with their old keys. -#}
+  {#- fold.moves (fold_moved_creates): the table pairing primary-key changes' creates with their old keys;
+      fold.moved_creates: primary-key changes' creates may carry a partial image, like updates. -#}
   {%- set moves = fold.get('moves') -%}
-  {%- set partial = "(op = 'u' or _cdc_m._cdc_moved_offset is not null)" if moves else "op = 'u'" -%}
+  {%- set partial = "(op = 'u' or _cdc_m._cdc_moved_offset is not null)" if moves else cdclake.partial_change_sql(fold.get('moved_creates', false)) -%}
 unit as (
   select
     struct({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %}) as _cdc_row,
@@ -386,7 +390,7 @@ segmented as (
 {#- Each row with what its segment holds before it (typed images: each value's last carried one) or, documents, in
     all (the base to fold onto and the segment's edits in order: only its last change is folded). #}
 folded as (
-  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor,
+  select _cdc_row, _cdc_full, _cdc_pos, _cdc_last, _cdc_floor, _cdc_segment,
     {%- if layout.document %}
     _cdc_doc,
     first_value(_cdc_doc) over segment as _cdc_base,
@@ -428,7 +432,7 @@ segment_folds as (
   )
 ),
 folded as (
-  select s._cdc_row, s._cdc_full, s._cdc_pos, s._cdc_last, s._cdc_floor, s._cdc_doc, f._cdc_base,
+  select s._cdc_row, s._cdc_full, s._cdc_pos, s._cdc_last, s._cdc_floor, s._cdc_segment, s._cdc_doc, f._cdc_base,
     {%- if pre_image %} f._cdc_pre_image,{% endif %}
     case when not s._cdc_full then f._cdc_folds[s._cdc_patch - 1] end as _cdc_folded
   from (
@@ -439,14 +443,24 @@ folded as (
   join segment_folds f on {% for name in partition %}s.{{ name }} <=> f.{{ name }} and {% endfor %}s._cdc_segment = f._cdc_segment
 )
 {%- endif %}
+{%- if fold.get('moves') %}
+{#- fold_moved_creates: each change's coordinates and folded image, and whether its segment starts with an image
+    (a change, or a prior state) rather than with it. #}
+select _cdc_row._cdc_topic, _cdc_row._cdc_partition, _cdc_row._cdc_offset,
+  {{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image, 'true') }} as after,
+  _cdc_segment > 0 as _cdc_based
+from folded
+where _cdc_row is not null
+{%- else %}
 select
   {%- for column in columns %}
-  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image, ('u', 'c') if fold.get('moves') else ('u',)) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
+  {% if column == 'after' %}{{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image, cdclake.partial_change_sql(fold.get('moved_creates', false), '_cdc_row.')) }}{% else %}_cdc_row.{{ cdclake.quote(column) }}{% endif %} as {{ cdclake.quote(column) }}{% if not loop.last %},{% endif %}
   {%- endfor %}
 from folded
 where _cdc_row is not null
 union all
 select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
+{%- endif %}
 {%- endmacro %}
 
 
@@ -476,8 +490,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     `placeholders`: documents fold unavailable-value placeholders, and one with no earlier value stays without one
     (as in typed images: last_value over nulls) instead of failing the run. `pre_image`: with no document before
     it, an update folds onto its segment's first pre-image (`before`), where the connector sends one. -#}
-{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false, partial_ops=('u',)) -%}
-  {%- set partial = "_cdc_row.op in ('" ~ partial_ops | join("', '") ~ "')" -%}
+{% macro folded_image_sql(layout, fields, every, placeholders=false, current_state=true, pre_image=false, partial="_cdc_row.op = 'u'") -%}
   {%- if layout.document -%}
   {%- set base = cdclake.fold_base_sql(pre_image) -%}
   {%- set fold -%}
@@ -487,7 +500,7 @@ select * from {{ changes }} where op is null or op not in ('c', 'u', 'd', 'r')
     {{ cdclake.fold_edits_sql('_cdc_edit_list', cdclake.fold_start_sql(pre_image, placeholders)) }}
     {%- endif -%}
   {%- endset -%}
-  case when not {{ partial }} then _cdc_row.after
+  case when not ({{ partial }}) then _cdc_row.after
     when _cdc_full then _cdc_doc
     when {{ 'true' if every else '_cdc_pos = _cdc_last' }} then
       {%- if placeholders %}
