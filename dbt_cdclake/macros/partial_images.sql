@@ -108,7 +108,6 @@
   left as it came, for the fold of its own key (default__fold_partial_images).
 -#}
 {% macro fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
-  {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
   {%- if layout.document -%}
     {%- set partial = cdclake.json_placeholder_edits_sql(placeholder, "''", 'true') ~ ' is not null' -%}
   {%- else -%}
@@ -117,33 +116,50 @@
   {%- if run_query('select count(*) from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')').rows[0][0] == 0 -%}
     {{ return(changes) }}
   {%- endif -%}
-  {% do run_query('create table ' ~ pairs ~ ' using iceberg as select * from ('
-    ~ 'select c._cdc_topic as _cdc_moved_topic, c._cdc_partition as _cdc_moved_partition, c._cdc_offset as _cdc_moved_offset, d.*,'
-    ~ ' count(*) over (partition by c._cdc_topic, c._cdc_partition, c._cdc_offset) as _cdc_deletes,'
-    ~ ' count(*) over (partition by d._cdc_delete_partition, d._cdc_delete_offset) as _cdc_creates'
-    ~ ' from (select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')) c'
-    ~ ' join (select _cdc_topic as _cdc_delete_topic, _cdc_partition as _cdc_delete_partition, _cdc_offset as _cdc_delete_offset, _cdc_order as _cdc_delete_order'
-    ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ changes ~ " where op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey')) d"
-    ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
-    ~ ') where _cdc_deletes = 1 and _cdc_creates = 1') %}
-  {%- if run_query('select count(*) from ' ~ pairs).rows[0][0] == 0 -%}
+  {#- In rounds: a key changed twice in one unit (1 -> 5 -> 6) folds 6's create onto 5's, once 5's is folded. -#}
+  {%- set done = cdclake.scratch_table(layout, 'moves_done') -%}
+  {%- set state = {'current': changes, 'done': false} -%}
+  {%- for round in range(8) -%}
+    {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
+    {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ state.current ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+    {%- if state.done %}{% set creates = 'select * from (' ~ creates ~ ') x left anti join ' ~ done ~ ' y on x._cdc_topic = y._cdc_topic and x._cdc_partition = y._cdc_partition and x._cdc_offset = y._cdc_offset' %}{% endif -%}
+    {% do run_query('create table ' ~ pairs ~ ' using iceberg as select * from ('
+      ~ 'select c._cdc_topic as _cdc_moved_topic, c._cdc_partition as _cdc_moved_partition, c._cdc_offset as _cdc_moved_offset, d.*,'
+      ~ ' count(*) over (partition by c._cdc_topic, c._cdc_partition, c._cdc_offset) as _cdc_deletes,'
+      ~ ' count(*) over (partition by d._cdc_delete_partition, d._cdc_delete_offset) as _cdc_creates'
+      ~ ' from (' ~ creates ~ ') c'
+      ~ ' join (select _cdc_topic as _cdc_delete_topic, _cdc_partition as _cdc_delete_partition, _cdc_offset as _cdc_delete_offset, _cdc_order as _cdc_delete_order'
+      ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ " where op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey')) d"
+      ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
+      ~ ') where _cdc_deletes = 1 and _cdc_creates = 1') %}
+    {%- set paired = run_query('select count(*) from ' ~ pairs).rows[0][0] -%}
+    {%- if paired == 0 -%}
+      {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
+      {% break %}
+    {%- endif -%}
+    {%- set moving = {} -%}
+    {%- do moving.update(fold) -%}
+    {%- do moving.update({'every': true, 'staged': 'segmented' if layout.document else 'folded', 'moves': pairs}) -%}
+    {%- set folded = cdclake.scratch_table(layout, 'moves_folded') -%}
+    {%- set segments = cdclake.fold_segments_sql(state.current, layout, types, target, tombstones, delete_mode, moving, placeholder) -%}
+    {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'moves_folding'), segments, cdclake.fold_images_sql(state.current, layout, moving, placeholder), layout, moving) %}
+    {%- set moved = cdclake.scratch_table(layout, 'moved' ~ round) -%}
+    {%- set matched = ' on m._cdc_moved_offset is not null and f._cdc_topic = m._cdc_moved_topic and f._cdc_partition = m._cdc_moved_partition and f._cdc_offset = m._cdc_moved_offset' -%}
+    {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
+      ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when f._cdc_based then f.after else c.after end')
+      ~ ' from ' ~ state.current ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
+      ~ ' left join ' ~ folded ~ ' f' ~ matched) %}
+    {%- set resolved = 'select f._cdc_topic, f._cdc_partition, f._cdc_offset from ' ~ pairs ~ ' m join ' ~ folded ~ ' f' ~ matched ~ ' where f._cdc_based' -%}
+    {% do run_query(('insert into ' ~ done ~ ' ' if state.done else 'create table ' ~ done ~ ' using iceberg as ') ~ resolved) %}
+    {%- set folded_now = run_query('select count(*) from (' ~ resolved ~ ')').rows[0][0] -%}
+    {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
     {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
-    {{ return(changes) }}
-  {%- endif -%}
-  {%- set moving = {} -%}
-  {%- do moving.update(fold) -%}
-  {%- do moving.update({'every': true, 'staged': 'segmented' if layout.document else 'folded', 'moves': pairs}) -%}
-  {%- set folded = cdclake.scratch_table(layout, 'moves_folded') -%}
-  {%- set segments = cdclake.fold_segments_sql(changes, layout, types, target, tombstones, delete_mode, moving, placeholder) -%}
-  {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'moves_folding'), segments, cdclake.fold_images_sql(changes, layout, moving, placeholder), layout, moving) %}
-  {%- set moved = cdclake.scratch_table(layout, 'moved') -%}
-  {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
-    ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when f._cdc_based then f.after else c.after end')
-    ~ ' from ' ~ changes ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
-    ~ ' left join ' ~ folded ~ ' f on m._cdc_moved_offset is not null and f._cdc_topic = c._cdc_topic and f._cdc_partition = c._cdc_partition and f._cdc_offset = c._cdc_offset') %}
-  {% do run_query('drop table if exists ' ~ folded ~ ' purge') %}
-  {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
-  {{ return(moved) }}
+    {%- if state.current != changes %}{% do run_query('drop table if exists ' ~ state.current ~ ' purge') %}{% endif -%}
+    {%- do state.update({'current': moved, 'done': true}) -%}
+    {%- if folded_now == 0 or folded_now == paired %}{% break %}{% endif -%}
+  {%- endfor -%}
+  {% do run_query('drop table if exists ' ~ done ~ ' purge') %}
+  {{ return(state.current) }}
 {%- endmacro %}
 
 
