@@ -460,8 +460,8 @@ folded as (
 )
 {%- endif %}
 {%- if fold.get('moves') %}
-{#- fold_moved_creates: each change's coordinates and folded image, and whether its segment starts with an image
-    (a change, or a prior state) rather than with it. #}
+{#- fold_moved_creates: each change's coordinates, its folded image, and whether that image had anything to fold
+    onto (a full image or a prior state before it in its chain). #}
 select _cdc_row._cdc_topic, _cdc_row._cdc_partition, _cdc_row._cdc_offset,
   {{ cdclake.folded_image_sql(layout, fields, every, placeholder is not none, not scd2, pre_image, 'true') }} as after,
   _cdc_segment > 0 as _cdc_based
