@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg2  # type: ignore[import-untyped,unused-ignore]
 
@@ -503,7 +503,7 @@ def _make_handler(recorder: Recorder) -> Any:
                 key = rec.key()
                 value = rec.value()
                 headers: list[str | None] = []
-                for header in rec.headers():  # type: ignore[attr-defined]  # Java's ChangeEvent.headers(); not in the stub
+                for header in cast(Any, rec).headers():  # Java's ChangeEvent.headers(), not in pydbzengine's stub
                     header_value = header.getValue()
                     headers += [str(header.getKey()), None if header_value is None else str(header_value)]
                 recorder.add(

@@ -228,15 +228,28 @@ def test_random_partial_updates_match_the_reference_model(
     batches: list[list[tuple[str, int, int, str | None, int | None]]],
     replay: bool,
 ) -> None:
-    topic = harness.topic("pk_only_property")
-    dumps = tmp_path_factory.mktemp("pk_only_property")
+    units = [
+        [Change(op, key, lsn, None if op == "d" else v, n=None if op == "d" else n) for op, key, lsn, v, n in batch]
+        for batch in batches
+    ]
+    assert_pk_only_silver_matches_the_reference(harness, tmp_path_factory, "pk_only_property", units, replay)
+
+
+def assert_pk_only_silver_matches_the_reference(
+    harness: SilverHarness,
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    units: list[list[Change]],
+    replay: bool,
+) -> None:
+    """Applies each unit of work (after a replay of half of what landed before, with ``replay``) with
+    ignore_null_updates; after each, silver holds the reference's images."""
+    topic = harness.topic(name)
+    dumps = tmp_path_factory.mktemp(name)
     reference = FoldedRows()
     landed: list[Change] = []
-    for batch in batches:
-        changes = [
-            Change(op, key, lsn, None if op == "d" else v, n=None if op == "d" else n) for op, key, lsn, v, n in batch
-        ]
-        changes = with_replay(landed, changes, replay)
+    for unit in units:
+        changes = with_replay(landed, unit, replay)
         harness.apply(topic, changes, dumps, "ignore_null_updates=true")
         reference.fold(topic.landed[-len(changes) :])
         assert images(harness, topic) == reference.images()
@@ -315,15 +328,7 @@ CHAINED_MOVES = [
 def test_random_primary_key_changes_match_the_reference_model(
     harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory, units: list[list[Change]], replay: bool
 ) -> None:
-    topic = harness.topic("pk_move_property")
-    dumps = tmp_path_factory.mktemp("pk_move_property")
-    reference = FoldedRows()
-    landed: list[Change] = []
-    for unit in units:
-        changes = with_replay(landed, unit, replay)
-        harness.apply(topic, changes, dumps, "ignore_null_updates=true")
-        reference.fold(topic.landed[-len(changes) :])
-        assert images(harness, topic) == reference.images()
+    assert_pk_only_silver_matches_the_reference(harness, tmp_path_factory, "pk_move_property", units, replay)
 
 
 # --- MongoDB ------------------------------------------------------------------------------------------------------
