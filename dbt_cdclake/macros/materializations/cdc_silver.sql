@@ -78,8 +78,8 @@
   {%- if existing is none -%}
     {% do run_query('create namespace if not exists ' ~ schema) %}
   {%- endif -%}
-  {%- if existing is not none %}{% do cdclake.apply_model_table_properties(target) %}{% endif -%}
   {%- set properties = cdclake.table_properties(target) if existing is not none else {} -%}
+  {%- if existing is not none %}{% do cdclake.apply_model_table_properties(target, properties) %}{% endif -%}
   {%- if existing is not none and properties.get('cdclake.history', 'current') != history -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ properties.get('cdclake.history', 'current') ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
   {%- endif -%}
@@ -331,18 +331,15 @@
 
 
 {#- An existing silver table gets the model's `tblproperties` that it does not hold (a property taken out of the
-    config stays: it may have been set by hand). Before the run reads silver's properties, which it compares
-    later to see whether another run overtook it. -#}
-{% macro apply_model_table_properties(target) -%}
-  {%- set wanted = cdclake.model_table_properties() -%}
-  {%- if wanted -%}
-    {%- set held = cdclake.table_properties(target) -%}
-    {%- set changed = {} -%}
-    {%- for name, value in wanted.items() if held.get(name) != value %}{% do changed.update({name: value}) %}{% endfor -%}
-    {%- if changed -%}
-      {{ log("cdclake: setting " ~ changed.keys() | join(', ') ~ " of " ~ target ~ " (the model's tblproperties)", info=true) }}
-      {% do run_query('alter table ' ~ target ~ ' set tblproperties (' ~ cdclake.properties_sql(changed) ~ ')') %}
-    {%- endif -%}
+    config stays: it may have been set by hand); `held`, silver's properties as the run read them, is updated with
+    them (setting properties makes no snapshot, so the run's check that no other run overtook it is unchanged). -#}
+{% macro apply_model_table_properties(target, held) -%}
+  {%- set changed = {} -%}
+  {%- for name, value in cdclake.model_table_properties().items() if held.get(name) != value %}{% do changed.update({name: value}) %}{% endfor -%}
+  {%- if changed -%}
+    {{ log("cdclake: setting " ~ changed.keys() | join(', ') ~ " of " ~ target ~ " (the model's tblproperties)", info=true) }}
+    {% do run_query('alter table ' ~ target ~ ' set tblproperties (' ~ cdclake.properties_sql(changed) ~ ')') %}
+    {% do held.update(changed) %}
   {%- endif -%}
 {%- endmacro %}
 
@@ -350,17 +347,24 @@
 {#- `partitioned by (...)` of the model's `partition_by` (dbt-spark's config: columns or Iceberg transforms such as
     `bucket(16, id)` or `days(updated_at)`), for the statement that creates silver. -#}
 {% macro silver_partitioning() -%}
-  {%- set partitions = config.get('partition_by') -%}
+  {%- set partitions = cdclake.partition_fields() -%}
   {%- if partitions is not none -%}
-    partitioned by ({{ ([partitions] if partitions is string else partitions) | join(', ') }})
+    partitioned by ({{ partitions | join(', ') }})
   {%- endif -%}
 {%- endmacro %}
 
 
 {#- The model's `partition_by` as silver records it (`cdclake.partition_by`), none without one. -#}
 {% macro partitioning_text() -%}
+  {%- set partitions = cdclake.partition_fields() -%}
+  {{ return(none if partitions is none else tojson(partitions)) }}
+{%- endmacro %}
+
+
+{#- The model's `partition_by` as a list (dbt-spark takes one name or a list), none without one. -#}
+{% macro partition_fields() -%}
   {%- set partitions = config.get('partition_by') -%}
-  {{ return(none if partitions is none else tojson([partitions] if partitions is string else partitions)) }}
+  {{ return(none if partitions is none else ([partitions] if partitions is string else partitions)) }}
 {%- endmacro %}
 
 {% macro applied_at_metrics() -%}
