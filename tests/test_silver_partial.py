@@ -172,6 +172,9 @@ class FoldedRows:
 
     rows: dict[int, tuple[Position, Image]] = dataclasses.field(default_factory=dict)
     truncated_at: Position | None = None
+    # Per key, what it held after each change applied to it, in order: a primary-key change's create takes the old
+    # key's image before its delete, which may have been applied in an earlier unit of work.
+    held: dict[int, list[tuple[Position, Image]]] = dataclasses.field(default_factory=dict)
 
     def fold(self, unit: list[tuple[Change, int]]) -> None:
         """One unit of work: per key, the changes newer than what silver holds (row, tombstone or truncate) apply
@@ -184,14 +187,14 @@ class FoldedRows:
                 self.truncated_at = position
                 for key, (held, _image) in self.rows.items():
                     if held < position:
-                        self.rows[key] = (position, None)
+                        self.set(key, position, None)
                 continue
             if change.id in self.rows and position <= self.rows[change.id][0]:
                 continue
             previous = self.rows.get(change.id, (position, None))[1]
             if change.old_key is not None:  # a primary-key change: the old key's image, when it has one before it
-                held, old_image = self.rows.get(change.old_key, (position, None))
-                previous = old_image if old_image is not None and held < position else previous
+                before = [image for held, image in self.held.get(change.old_key, []) if held < position]
+                previous = before[-1] if before and before[-1] is not None else previous
             image: Image = None
             if change.op == "c" and change.old_key is not None:
                 carried = {"v": change.v, "n": change.n_value}
@@ -201,7 +204,11 @@ class FoldedRows:
             elif change.op == "u":
                 carried = {"v": change.v, "n": change.n_value}
                 image = {k: value if value is not None else (previous or {}).get(k) for k, value in carried.items()}
-            self.rows[change.id] = (position, image)
+            self.set(change.id, position, image)
+
+    def set(self, key: int, position: Position, image: Image) -> None:
+        self.rows[key] = (position, image)
+        self.held.setdefault(key, []).append((position, image))
 
     def images(self) -> dict[int, tuple[Any, Any]]:
         return {key: (image["v"], image["n"]) for key, (_, image) in self.rows.items() if image is not None}
@@ -270,10 +277,41 @@ def test_a_primary_key_change_takes_the_old_keys_values(harness: SilverHarness, 
     unit = [*moved(1, 5, 20, None, None), Change(U, 2, 21, None, n=201), *moved(2, 6, 22, "b2", None)]
     harness.apply(topic, [*unit, Change(U, 5, 23, "a2", n=None)], tmp_path, config)
     assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
-    # Replayed (the changes of keys 1 and 2 again, at other offsets): no image of 1 or 2 comes before the creates now
-    # (their deletes did), so they fold onto the moved keys' own rows, as updates of 5 and 6 would.
+    # Replayed (the changes of keys 1 and 2 again, at other offsets): older than what silver holds for 5 and 6.
     harness.apply(topic, [*moved(1, 5, 20, None, None), *moved(2, 6, 22, "b2", None)], tmp_path, config)
     assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
+
+
+def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_values(
+    harness: SilverHarness, tmp_path: Path
+) -> None:
+    """The delete lands in one unit of work and the create in the next (an ingest flush, or a dbt run, between the
+    two records): silver no longer holds the old key, whose values come from bronze. A create whose delete is not
+    in bronze (it comes later, from another Kafka partition) cannot take them, and a warning says so."""
+    topic = harness.topic("pk_moves_split")
+    config = "ignore_null_updates=true"
+    harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 11, None, n=101)], tmp_path, config)
+    delete, create = moved(1, 5, 20, None, None)
+    harness.apply(topic, [Change(C, 2, 12, "b", n=200), Change(U, 2, 13, "b1", n=None), delete], tmp_path, config)
+    assert images(harness, topic) == {2: ("b1", 200)}
+    harness.apply(topic, [create, Change(U, 5, 21, "a2", n=None)], tmp_path, config)
+    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101)}
+    # The create replayed alone: older than silver's row of 5, and still folded without a warning.
+    harness.land(topic, [create], tmp_path)
+    assert harness.build(topic, "--warn-error")
+    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101)}
+    # The other order: 2 -> 6's create first. Its old key's values are in silver, but bronze does not say which key
+    # that is until the delete lands.
+    delete, create = moved(2, 6, 30, None, 201)
+    harness.land(topic, [create], tmp_path)
+    assert not harness.build(topic, "--warn-error"), "a create without its delete must be warned about"
+    assert harness.build(topic)
+    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101), 6: (None, 201)}
+    harness.apply(topic, [delete], tmp_path, config)
+    assert images(harness, topic) == {5: ("a2", 101), 6: (None, 201)}
+    # --full-refresh folds it, now that both are in bronze.
+    assert harness.build(topic, "--full-refresh")
+    assert images(harness, topic) == {5: ("a2", 101), 6: ("b1", 201)}
 
 
 @st.composite
@@ -282,6 +320,7 @@ def key_moving_histories(draw: st.DrawFn) -> list[list[Change]]:
     source could have made them (a key changes to one not in use)."""
     live: set[int] = set()
     changes: list[Change] = []
+    splits: set[int] = set()
     steps = st.tuples(
         st.sampled_from("cuudmm"), st.integers(1, 4), st.integers(1, 4), st.sampled_from(["p", "q", None])
     )
@@ -298,12 +337,10 @@ def key_moving_histories(draw: st.DrawFn) -> list[list[Change]]:
         elif op == "m" and key in live and other not in live:
             changes += moved(key, other, lsn, v, n)
             live = (live - {key}) | {other}
-    # A primary-key change's delete and create stay in one unit of work (one source event, one partition here).
-    cuts = sorted(
-        cut
-        for cut in draw(st.sets(st.integers(1, max(len(changes) - 1, 1)), max_size=2))
-        if cut < len(changes) and changes[cut].old_key is None
-    )
+            if draw(st.booleans()):  # the delete in one unit of work, the create in the next (one partition here)
+                splits.add(len(changes) - 1)
+    drawn = draw(st.sets(st.integers(1, max(len(changes) - 1, 1)), max_size=2))
+    cuts = sorted(cut for cut in drawn | splits if cut < len(changes))
     units = [changes[a:b] for a, b in zip([0, *cuts], [*cuts, len(changes)], strict=True)]
     return [unit for unit in units if unit]
 
@@ -322,8 +359,16 @@ CHAINED_MOVES = [
 ]
 
 
+# A primary-key change whose delete lands in one unit of work and its create in the next.
+SPLIT_MOVE = [
+    [Change(C, 1, 1, "p", n=1), Change(U, 1, 2, None, n=2), moved(1, 2, 3, None, None)[0]],
+    [moved(1, 2, 3, None, None)[1], Change(U, 2, 4, "q", n=None)],
+]
+
+
 @dbt_examples(3)
 @example(units=CHAINED_MOVES, replay=False)
+@example(units=SPLIT_MOVE, replay=True)
 @given(units=key_moving_histories(), replay=st.booleans())
 def test_random_primary_key_changes_match_the_reference_model(
     harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory, units: list[list[Change]], replay: bool

@@ -19,8 +19,8 @@
   A primary-key change is a delete of the old key and a create of the new one, both at the same position, and the
   create carries the update's partial image. Debezium marks the create with the `__debezium.oldkey` header and the
   delete with `__debezium.newkey` (bronze keeps both in `_cdc_headers`): the create is folded onto the old key's
-  image before its delete (fold_moved_creates), and then serves as the new key's full image. One whose old key has
-  no image before it (a replay of the change, after the delete) is folded like an update of its own key.
+  image before its delete (fold_moved_creates), and then serves as the new key's full image. A delete of an earlier
+  unit of work is found in bronze. A create that cannot be paired is folded like an update of its own key.
 -#}
 
 {% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
@@ -57,7 +57,7 @@
   {%- set folded = cdclake.scratch_table(layout, 'folded') -%}
   {%- set fold = cdclake.fold_setup(bronze, changes, layout, delete_mode, history, placeholder) -%}
   {%- do fold.update({'moved_creates': moves}) -%}
-  {%- set moved = cdclake.fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) if moves else changes -%}
+  {%- set moved = cdclake.fold_moved_creates(bronze, changes, layout, types, target, tombstones, delete_mode, fold, placeholder) if moves else changes -%}
   {%- set segments = cdclake.fold_segments_sql(moved, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- set images = cdclake.fold_images_sql(moved, layout, fold, placeholder) -%}
   {% do cdclake.write_fold(folded, cdclake.scratch_table(layout, 'folding'), segments, images, layout, fold) %}
@@ -101,35 +101,51 @@
   The unit of work (`changes`) with each primary-key change's create folded onto the old key's image before its
   delete (a table of the run), or `changes` itself when it holds no such create with a partial image.
   A create is paired with the delete at its position in its topic that carries `__debezium.newkey` (when there is
-  one such delete, and it pairs with no other create; otherwise the create is left as it came). The fold reads the
-  create as an update of the delete's key, just before the delete (a create ranks before a delete at a position),
-  and folds every version (`every`), so that it reaches the create, which is not its key's last change. A create
-  whose old key has no image before it there (a replay of the change in a later unit: the delete came before) is
-  left as it came, for the fold of its own key (default__fold_partial_images).
+  one such delete, and it pairs with no create of another key; otherwise the create is left as it came). The fold
+  reads the create as an update of the delete's key, just before the delete (a create ranks before a delete at a
+  position), and folds every version (`every`), so that it reaches the create, which is not its key's last change.
+  A create whose delete landed in an earlier unit of work (a flush or a run between the two records, or another
+  Kafka partition) finds it in bronze, with the old key's changes up to it (moves_from_earlier_units): silver no
+  longer holds that key. A create whose old key has no image before it even so is left as it came, for the fold of
+  its own key (default__fold_partial_images); one whose delete is not in bronze at all (it comes later, from
+  another partition) is also said in a warning.
 -#}
-{% macro fold_moved_creates(changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
+{% macro fold_moved_creates(bronze, changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- if layout.document -%}
     {%- set partial = cdclake.json_placeholder_edits_sql(placeholder, "''", 'true') ~ ' is not null' -%}
   {%- else -%}
     {%- set partial = cdclake.missing_value_sql(fold.fields, placeholder) | join(' or ') -%}
   {%- endif -%}
-  {%- if run_query('select count(*) from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')').rows[0][0] == 0 -%}
+  {%- set creates = 'select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+  {%- set counts = run_query('select count(*), count_if(d._cdc_topic is null) from (' ~ creates ~ ') c left join (select distinct _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0] -%}
+  {%- if counts[0] == 0 -%}
     {{ return(changes) }}
   {%- endif -%}
+  {%- set state = {'current': changes, 'done': false} -%}
+  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, counts[1], layout, fold) if counts[1] > 0 and target is not none else none -%}
+  {%- set earlier = augmented is not none -%}
+  {%- if earlier %}{% do state.update({'current': augmented}) %}{% endif -%}
+  {%- set new_key = [] -%}
+  {%- set old_key = [] -%}
+  {%- for key in layout.key_columns -%}
+    {%- do new_key.append(layout.key_exprs[key]) -%}
+    {%- do old_key.append(', d._cdc_moved_fk' ~ loop.index0) -%}
+  {%- endfor -%}
+  {%- set new_key, old_key = new_key | join(', '), old_key | join('') -%}
   {#- In rounds: a key changed twice in one unit (1 -> 5 -> 6) folds 6's create onto 5's, once 5's is folded. -#}
   {%- set done = cdclake.scratch_table(layout, 'moves_done') -%}
-  {%- set state = {'current': changes, 'done': false} -%}
   {%- for round in range(8) -%}
     {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
-    {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ state.current ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+    {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order, struct(' ~ new_key ~ ') as _cdc_new_key from ' ~ state.current ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
     {%- if state.done %}{% set creates = 'select * from (' ~ creates ~ ') x left anti join ' ~ done ~ ' y on x._cdc_topic = y._cdc_topic and x._cdc_partition = y._cdc_partition and x._cdc_offset = y._cdc_offset' %}{% endif -%}
+    {#- Pairs by old and new key, not by record: copies of a change (at-least-once replays) pair as one. -#}
     {% do run_query('create table ' ~ pairs ~ ' using iceberg as select * from ('
       ~ 'select c._cdc_topic as _cdc_moved_topic, c._cdc_partition as _cdc_moved_partition, c._cdc_offset as _cdc_moved_offset, d.*,'
       ~ ' count(*) over (partition by c._cdc_topic, c._cdc_partition, c._cdc_offset) as _cdc_deletes,'
-      ~ ' count(*) over (partition by d._cdc_delete_partition, d._cdc_delete_offset) as _cdc_creates'
+      ~ ' size(collect_set(c._cdc_new_key) over (partition by d._cdc_delete_topic, d._cdc_delete_order' ~ old_key ~ ')) as _cdc_creates'
       ~ ' from (' ~ creates ~ ') c'
-      ~ ' join (select _cdc_topic as _cdc_delete_topic, _cdc_partition as _cdc_delete_partition, _cdc_offset as _cdc_delete_offset, _cdc_order as _cdc_delete_order'
-      ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ " where op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey')) d"
+      ~ ' join (select distinct _cdc_topic as _cdc_delete_topic, _cdc_order as _cdc_delete_order'
+      ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d'
       ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
       ~ ') where _cdc_deletes = 1 and _cdc_creates = 1') %}
     {%- set paired = run_query('select count(*) from ' ~ pairs).rows[0][0] -%}
@@ -148,7 +164,7 @@
     {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
       ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when f._cdc_based then f.after else c.after end')
       ~ ' from ' ~ state.current ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
-      ~ ' left join ' ~ folded ~ ' f' ~ matched) %}
+      ~ ' left join ' ~ folded ~ ' f' ~ matched ~ (' where not c._cdc_earlier' if earlier and round == 0 else '')) %}
     {%- set resolved = 'select f._cdc_topic, f._cdc_partition, f._cdc_offset from ' ~ pairs ~ ' m join ' ~ folded ~ ' f' ~ matched ~ ' where f._cdc_based' -%}
     {% do run_query(('insert into ' ~ done ~ ' ' if state.done else 'create table ' ~ done ~ ' using iceberg as ') ~ resolved) %}
     {%- set folded_now = run_query('select count(*) from (' ~ resolved ~ ')').rows[0][0] -%}
@@ -159,7 +175,56 @@
     {%- if folded_now == 0 or folded_now == paired %}{% break %}{% endif -%}
   {%- endfor -%}
   {% do run_query('drop table if exists ' ~ done ~ ' purge') %}
+  {%- if earlier and state.current == augmented -%}
+    {#- Nothing paired, even with the deletes of earlier units: the unit as it came. -#}
+    {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
+    {{ return(changes) }}
+  {%- endif -%}
   {{ return(state.current) }}
+{%- endmacro %}
+
+
+{#-
+  The unit of work (`changes`) and, marked `_cdc_earlier`, the bronze rows that fold_moved_creates needs from
+  earlier units for the unit's primary-key changes' creates (`creates`: their topics and positions) whose delete is
+  not in the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to
+  it, which hold the old key's values. A table of the run, or none when bronze holds none of those deletes. Only runs
+  that hold such a create (`unpaired` of them) read all of bronze. A create whose delete is not in bronze either (it
+  comes later, from another partition) cannot take the old key's values: a warning says so (docs/silver.md).
+-#}
+{% macro moves_from_earlier_units(bronze, changes, creates, unpaired, layout, fold) -%}
+  {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
+  {%- set excluded = config.get('exclude_changes') -%}
+  {%- set columns = [] -%}
+  {%- for column in fold.columns %}{% do columns.append(cdclake.quote(column)) %}{% endfor -%}
+  {%- set keys = [] -%}
+  {%- for key in layout.key_columns %}{% do keys.append('b._cdc_hk' ~ loop.index0 ~ ' <=> d._cdc_moved_fk' ~ loop.index0) %}{% endfor -%}
+  {%- set history -%}
+    select * from (select *{% for key in layout.key_columns %}, {{ layout.key_exprs[key] }} as _cdc_hk{{ loop.index0 }}{% endfor %} from {{ bronze }}
+      {%- if excluded %} where not coalesce(({{ excluded }}), false){% endif %}) b
+  {%- endset -%}
+  {% do run_query('create table ' ~ augmented ~ ' using iceberg as with '
+    ~ 'unpaired as (select distinct c._cdc_topic, c._cdc_order from (' ~ creates ~ ') c left anti join (select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order), '
+    ~ 'history as (' ~ history ~ '), '
+    ~ 'deletes as (select b._cdc_topic, b._cdc_order' ~ cdclake.moved_keys_sql(layout) ~ ' from (select * from history where ' ~ cdclake.moved_delete_sql() ~ ') b left semi join unpaired u on b._cdc_topic = u._cdc_topic and b._cdc_order = u._cdc_order) '
+    ~ 'select ' ~ columns | join(', ') ~ ', false as _cdc_earlier from ' ~ changes
+    ~ ' union all select ' ~ columns | join(', ') ~ ', true from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
+    ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ changes ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
+  {%- set found = run_query('select count(*) from (' ~ creates ~ ') c left semi join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where _cdc_earlier and ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0][0] -%}
+  {%- if found < unpaired -%}
+    {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ (unpaired - found) ~ " primary-key change(s) in " ~ bronze ~ " carry a partial image in their create, and the delete of the old key is not in bronze (it comes later, from another Kafka partition): the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
+  {%- endif -%}
+  {%- if found == 0 -%}
+    {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
+    {{ return(none) }}
+  {%- endif -%}
+  {{ return(augmented) }}
+{%- endmacro %}
+
+
+{#- A delete of the unit that Debezium sent for a primary-key change (see moved_create_sql), as a condition. -#}
+{% macro moved_delete_sql() -%}
+  (op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey'))
 {%- endmacro %}
 
 
