@@ -282,36 +282,39 @@ def test_a_primary_key_change_takes_the_old_keys_values(harness: SilverHarness, 
     assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
 
 
+@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
 def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_values(
-    harness: SilverHarness, tmp_path: Path
+    harness: SilverHarness, tmp_path: Path, delete_mode: str
 ) -> None:
     """The delete lands in one unit of work and the create in the next (an ingest flush, or a dbt run, between the
-    two records): silver no longer holds the old key, whose values come from bronze. A create whose delete is not
-    in bronze (it comes later, from another Kafka partition) cannot take them, and a warning says so."""
+    two records): silver no longer holds the old key's image (with soft deletes, only a deleted row), and its values
+    come from bronze. A create whose delete is not in bronze (it comes later, from another Kafka partition) cannot
+    take them, and a warning says so."""
     topic = harness.topic("pk_moves_split")
-    config = "ignore_null_updates=true"
+    config = f"ignore_null_updates=true, delete_mode='{delete_mode}'"
+    live = "true" if delete_mode == "hard" else "not _cdc_deleted"
     harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 11, None, n=101)], tmp_path, config)
     delete, create = moved(1, 5, 20, None, None)
     harness.apply(topic, [Change(C, 2, 12, "b", n=200), Change(U, 2, 13, "b1", n=None), delete], tmp_path, config)
-    assert images(harness, topic) == {2: ("b1", 200)}
+    assert images(harness, topic, live) == {2: ("b1", 200)}
     harness.apply(topic, [create, Change(U, 5, 21, "a2", n=None)], tmp_path, config)
-    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101)}
+    assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101)}
     # The create replayed alone: older than silver's row of 5, and still folded without a warning.
     harness.land(topic, [create], tmp_path)
     assert harness.build(topic, "--warn-error")
-    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101)}
+    assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101)}
     # The other order: 2 -> 6's create first. Its old key's values are in silver, but bronze does not say which key
     # that is until the delete lands.
     delete, create = moved(2, 6, 30, None, 201)
     harness.land(topic, [create], tmp_path)
     assert not harness.build(topic, "--warn-error"), "a create without its delete must be warned about"
     assert harness.build(topic)
-    assert images(harness, topic) == {2: ("b1", 200), 5: ("a2", 101), 6: (None, 201)}
+    assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101), 6: (None, 201)}
     harness.apply(topic, [delete], tmp_path, config)
-    assert images(harness, topic) == {5: ("a2", 101), 6: (None, 201)}
+    assert images(harness, topic, live) == {5: ("a2", 101), 6: (None, 201)}
     # --full-refresh folds it, now that both are in bronze.
     assert harness.build(topic, "--full-refresh")
-    assert images(harness, topic) == {5: ("a2", 101), 6: ("b1", 201)}
+    assert images(harness, topic, live) == {5: ("a2", 101), 6: ("b1", 201)}
 
 
 @st.composite
