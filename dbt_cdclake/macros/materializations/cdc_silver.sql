@@ -116,8 +116,8 @@
     {%- set run = cdclake.run_tables(target, properties) -%}
     {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
-    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
+    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {%- set truncates = cdclake.scd2_truncates(bronze, sql, input_sql, start, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
@@ -142,8 +142,8 @@
     {%- set incremental = start is not none -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
-    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
+    {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
     {%- set folded = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {#- An update that moved its row to another key (keys read from the images) also deletes the old key. -#}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, folded), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
@@ -403,17 +403,18 @@
       (Spark's DDL spelling of each type, never truncated as describe's may be). -#}
   {%- set shared = [] -%}
   {%- for column in columns if column | lower in held %}{% do shared.append(column) %}{% endfor -%}
+  {%- set columns_sql -%}
+    select {% for key in layout.key_columns %}{{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }}, {% endfor -%}
+      {%- for column in layout.image_columns %}{{ layout.image_expr }}.{{ cdclake.quote(column) }} as {{ cdclake.quote(column) }}, {% endfor -%}
+      {%- if layout.document %}{{ layout.image_expr }} as _cdc_document, {% endif -%}
+      {%- for column in layout.extra_columns %}{{ cdclake.quote(column) }}, {% endfor %}1 as _cdc_one
+    from ({{ input_sql }}) bronze_input
+  {%- endset -%}
   {%- set types_sql -%}
     select {% for column in columns %}typeof(i.{{ cdclake.quote(column) }}), {% endfor -%}
       {%- for column in shared %}typeof(t.{{ cdclake.quote(held[column | lower]) }}), {% endfor %}1
     from (select 1) o
-    left join (
-      select {% for key in layout.key_columns %}{{ layout.key_exprs[key] }} as {{ cdclake.quote(key) }}, {% endfor -%}
-        {%- for column in layout.image_columns %}{{ layout.image_expr }}.{{ cdclake.quote(column) }} as {{ cdclake.quote(column) }}, {% endfor -%}
-        {%- if layout.document %}{{ layout.image_expr }} as _cdc_document, {% endif -%}
-        {%- for column in layout.extra_columns %}{{ cdclake.quote(column) }}, {% endfor %}1 as _cdc_one
-      from ({{ input_sql }}) bronze_input
-    ) i on false
+    left join ({{ columns_sql }}) i on false
     left join {{ target }} t on false
   {%- endset -%}
   {%- set row = run_query(types_sql).rows[0] -%}
@@ -455,6 +456,13 @@
   {%- endif -%}
   {%- if added -%}
     {{ log("cdclake: adding column(s) " ~ added | map(attribute='name') | join(', ') ~ " to " ~ target ~ " (new in " ~ model.alias ~ "'s bronze images; existing rows hold NULL)", info=true) }}
+    {#- A nested type in DDL (ddl_types); typeof()'s spelling of the others is DDL already. -#}
+    {%- set nested = [] -%}
+    {%- for column in added if '<' in column.type %}{% do nested.append(column) %}{% endfor -%}
+    {%- if nested -%}
+      {%- set ddl = cdclake.ddl_types(columns_sql, nested | map(attribute='name') | list, layout) -%}
+      {%- for column in nested %}{% do column.update({'type': ddl[loop.index0]}) %}{% endfor -%}
+    {%- endif -%}
     {% do run_query('alter table ' ~ target ~ ' add columns (' ~ cdclake.column_definitions(added) ~ ')') %}
   {%- endif -%}
   {%- for column in widened -%}
@@ -506,45 +514,28 @@
 
 {#- `name type, ...` for alter table ... add columns. -#}
 {% macro column_definitions(columns) -%}
-  {%- for column in columns %}{{ cdclake.quote(column.name) }} {{ cdclake.ddl_type(column.type) }}{% if not loop.last %}, {% endif %}{% endfor -%}
+  {%- for column in columns %}{{ cdclake.quote(column.name) }} {{ column.type }}{% if not loop.last %}, {% endif %}{% endfor -%}
 {%- endmacro %}
 
 
-{#- Spark type `t` as typeof() spells it, with the names of struct fields quoted for DDL: typeof() leaves them bare
-    (struct<street name:string>), which `alter table ... add columns` cannot parse. A field name holding one of
-    `:,<>()` cannot be told apart from the type around it (the DDL then fails: silver.md, "Not yet"). -#}
-{% macro ddl_type(t) -%}
-  {%- if t.startswith('struct<') and t.endswith('>') -%}
-    {%- set fields = [] -%}
-    {%- for field in cdclake.split_type_list(t[7:-1]) -%}
-      {%- set name, colon, type = field.partition(':') -%}
-      {%- do fields.append(cdclake.quote(name) ~ ':' ~ cdclake.ddl_type(type)) -%}
-    {%- endfor -%}
-    struct<{{ fields | join(',') }}>
-  {%- elif t.startswith('array<') and t.endswith('>') -%}
-    array<{{ cdclake.ddl_type(t[6:-1]) }}>
-  {%- elif t.startswith('map<') and t.endswith('>') -%}
-    {%- set parts = cdclake.split_type_list(t[4:-1]) -%}
-    map<{{ cdclake.ddl_type(parts[0]) }},{{ cdclake.ddl_type(parts[1:] | join(',')) }}>
-  {%- else -%}
-    {{ t }}
+{#- The types of columns `names` of query `columns_sql`, in order, as Spark's DDL spells them. typeof() leaves the
+    names of struct fields bare (struct<street name:string>), which `alter table ... add columns` cannot parse, and
+    which cannot be told from the type around them when they hold one of `:,<>()`. Spark's DDL quotes them
+    (STRUCT<`street name`: STRING>): read from SHOW CREATE TABLE of an empty table of the run. -#}
+{% macro ddl_types(columns_sql, names, layout) -%}
+  {%- set scratch = cdclake.scratch_table(layout, 'types') -%}
+  {%- set columns = [] -%}
+  {%- for name in names %}{% do columns.append(cdclake.quote(name) ~ ' as _cdc_t' ~ loop.index0) %}{% endfor -%}
+  {% do run_query('create or replace table ' ~ scratch ~ ' using iceberg as select ' ~ columns | join(', ') ~ ' from (' ~ columns_sql ~ ') where false') %}
+  {%- set ddl = run_query('show create table ' ~ scratch).rows[0][0] -%}
+  {% do run_query('drop table if exists ' ~ scratch ~ ' purge') %}
+  {#- A line per column, `  _cdc_t<i> <type>` and a comma, or for the last the `)` that closes the list. -#}
+  {%- set types = [] -%}
+  {%- for line in ddl.split('\n') if line.startswith('  _cdc_t') %}{% do types.append(line.split(' ', 3)[3][:-1]) %}{% endfor -%}
+  {%- if types | length != names | length -%}
+    {{ exceptions.raise_compiler_error("cdclake: could not read the types of " ~ names | join(', ') ~ " from: " ~ ddl) }}
   {%- endif -%}
-{%- endmacro %}
-
-
-{#- The comma-separated items of a type list (struct fields, map key and value), split where no <> or () is open. -#}
-{% macro split_type_list(text) -%}
-  {%- set state = namespace(depth=0, item='', items=[]) -%}
-  {%- for ch in text -%}
-    {%- if ch == ',' and state.depth == 0 -%}
-      {%- set state.items = state.items + [state.item] -%}
-      {%- set state.item = '' -%}
-    {%- else -%}
-      {%- if ch in '<(' %}{% set state.depth = state.depth + 1 %}{% elif ch in '>)' %}{% set state.depth = state.depth - 1 %}{% endif -%}
-      {%- set state.item = state.item ~ ch -%}
-    {%- endif -%}
-  {%- endfor -%}
-  {{ return(state.items + [state.item]) }}
+  {{ return(types) }}
 {%- endmacro %}
 
 
@@ -718,7 +709,7 @@
 {% macro drop_batch_tables(target, schemas, keep) -%}
   {#- The names runs give them (older versions: without the invocation, or a shorter one), and nothing else: a
       model may be named `<this model>__cdc_batch_archive`. Catalogs that fold names to lower case list them so. -#}
-  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_[0-9a-f]+(_folded|_folding|_history|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*)?)?', modules.re.IGNORECASE) -%}
+  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_[0-9a-f]+(_folded|_folding|_history|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types)?)?', modules.re.IGNORECASE) -%}
   {%- for schema in schemas -%}
     {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and batch_name.fullmatch(row[1]) and row[1] != keep -%}
       {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
