@@ -169,15 +169,21 @@
 {%- endmacro %}
 
 
-{#- Container `c` with `edit` applied to its member `seg`. -#}
+{#- Container `c` with `edit` applied to its member `seg`. In an array (`seg` an index): 'unset' sets the element to
+    null, as MongoDB's $unset does, and 'truncate' cuts the array that the element is (`m.0`). -#}
 {% macro json_edit_leaf(c, seg, edit, cannot) -%}
   {%- set event = edit ~ '.event' -%}
+  {%- set index = 'cast(' ~ seg ~ ' as int)' -%}
+  {%- set in_array = 'left(' ~ c ~ ", 1) = '[' and " ~ seg ~ " rlike '^[0-9]{1,9}$'" -%}
   case
     when {{ edit }}.op = 'set' then {{ cdclake.json_set_child(c, seg, edit ~ '.value', event, cannot) }}
     when {{ edit }}.op = 'unset' and left({{ c }}, 1) = '{' then {{ cdclake.json_object_remove(c, seg, event) }}
-    when {{ edit }}.op = 'truncate' and left({{ c }}, 1) = '{' then element_at(transform(array({{ cdclake.json_field(c, seg, event) }}), _cdc_a ->
-      case when left(_cdc_a, 1) = '[' then {{ cdclake.json_object_set(c, seg, cdclake.json_array_truncate('_cdc_a', edit ~ '.size'), event) }}
-        else {{ cannot }} end), 1)
+    when {{ edit }}.op = 'unset' and {{ in_array }} then
+      case when {{ index }} < json_array_length({{ c }}) then {{ cdclake.json_array_set(c, index, "'null'") }} else {{ c }} end
+    when {{ edit }}.op = 'truncate' and (left({{ c }}, 1) = '{' or {{ in_array }}) then element_at(transform(array({{ cdclake.json_child(c, seg, event) }}), _cdc_a ->
+      case when _cdc_a is null or left(_cdc_a, 1) <> '[' then {{ cannot }}
+        when left({{ c }}, 1) = '{' then {{ cdclake.json_object_set(c, seg, cdclake.json_array_truncate('_cdc_a', edit ~ '.size'), event) }}
+        else {{ cdclake.json_array_set(c, index, cdclake.json_array_truncate('_cdc_a', edit ~ '.size')) }} end), 1)
     else {{ cannot }} end
 {%- endmacro %}
 
