@@ -155,6 +155,13 @@ def test_a_struct_column_whose_field_names_need_quoting_is_added(harness: Silver
         "struct<street name:string,zip-code:string,geo point:struct<lat:double,lon:double>,door codes:array<string>,"
         f"wing:struct<{ODD_NAME}:int>>"
     )
+    # A nested column the model adds, whose expression is never null: nullable in silver (its rows so far hold NULL).
+    model = harness.project / "models" / "silver" / f"{topic.table}.sql"
+    model.write_text(model.read_text().replace("select *", "select *, named_struct('a b', array(1)) as extra"))
+    harness.land(topic, [Change(U, 2, 5, "b2")], tmp_path)
+    assert harness.build(topic)
+    extra = harness.rows(f"silver.{topic.table}", "id, to_json(extra) as extra", "id")
+    assert [(r["id"], r["extra"]) for r in extra] == [(1, None), (2, '{"a b":[1]}'), (3, None)]
 
 
 def test_a_column_added_at_the_source_is_added_to_a_history(harness: SilverHarness, tmp_path: Path) -> None:

@@ -529,7 +529,8 @@
   {% do run_query('create or replace table ' ~ scratch ~ ' using iceberg as select ' ~ columns | join(', ') ~ ' from (' ~ columns_sql ~ ') where false') %}
   {%- set ddl = run_query('show create table ' ~ scratch).rows[0][0] -%}
   {% do run_query('drop table if exists ' ~ scratch ~ ' purge') %}
-  {#- A line per column, `  _cdc_t<i> <type>` and a comma, or for the last the `)` that closes the list. -#}
+  {#- A line per column, `  _cdc_t<i> <type>` and a comma, or for the last the `)` that closes the list. (No `NOT
+      NULL`: the columns of an Iceberg table created from a query are optional, whatever its expressions are.) -#}
   {%- set types = [] -%}
   {%- for line in ddl.split('\n') if line.startswith('  _cdc_t') %}{% do types.append(line.split(' ', 3)[3][:-1]) %}{% endfor -%}
   {%- if types | length != names | length -%}
