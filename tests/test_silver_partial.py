@@ -309,6 +309,10 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     harness.land(topic, [create], tmp_path)
     assert not harness.build(topic, "--warn-error"), "a create without its delete must be warned about"
     assert harness.build(topic)
+    assert (
+        f"1 primary-key change(s) in bronze.{topic.table} ({topic.name} partition 0 offset "
+        in (harness.project / "logs" / "dbt.log").read_text()
+    )
     # What the failed run left of its own (its bronze rows of earlier units) the next run dropped.
     left = harness.spark.sql(f"show tables in cdclake_scratch.silver like '{topic.table}__cdc_batch_*_moves*'")
     assert left.collect() == []

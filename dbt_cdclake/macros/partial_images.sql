@@ -116,7 +116,7 @@
   {%- else -%}
     {%- set partial = cdclake.missing_value_sql(fold.fields, placeholder) | join(' or ') -%}
   {%- endif -%}
-  {%- set creates = 'select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+  {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
   {%- set counts = run_query('select count(*), count_if(d._cdc_topic is null) from (' ~ creates ~ ') c left join (select distinct _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0] -%}
   {%- if counts[0] == 0 -%}
     {{ return(changes) }}
@@ -212,7 +212,11 @@
     ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ changes ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
   {%- set found = run_query('select count(*) from (' ~ creates ~ ') c left semi join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where _cdc_earlier and ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0][0] -%}
   {%- if found < unpaired -%}
-    {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ (unpaired - found) ~ " primary-key change(s) in " ~ bronze ~ " carry a partial image in their create, and the delete of the old key is not in bronze (it comes later, from another Kafka partition): the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
+    {%- set deletes = 'select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where ' ~ cdclake.moved_delete_sql() -%}
+    {%- set first = run_query('select c._cdc_topic, c._cdc_partition, c._cdc_offset from (' ~ creates ~ ') c left anti join (' ~ deletes ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order order by 1, 2, 3 limit 3').rows -%}
+    {%- set named = [] -%}
+    {%- for row in first %}{% do named.append(row[0] ~ ' partition ' ~ row[1] ~ ' offset ' ~ row[2]) %}{% endfor -%}
+    {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ (unpaired - found) ~ " primary-key change(s) in " ~ bronze ~ " (" ~ named | join('; ') ~ (', ...' if unpaired - found > 3 else '') ~ ") carry a partial image in their create, and the delete of the old key is not in bronze (it comes later, from another Kafka partition): the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
   {%- endif -%}
   {%- if found == 0 -%}
     {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
