@@ -198,15 +198,16 @@
   {%- set columns = [] -%}
   {%- for column in fold.columns %}{% do columns.append(cdclake.quote(column)) %}{% endfor -%}
   {%- set keys = [] -%}
-  {%- for key in layout.key_columns %}{% do keys.append('b._cdc_hk' ~ loop.index0 ~ ' <=> d._cdc_moved_fk' ~ loop.index0) %}{% endfor -%}
-  {%- set history -%}
-    select * from (select *{% for key in layout.key_columns %}, {{ layout.key_exprs[key] }} as _cdc_hk{{ loop.index0 }}{% endfor %} from {{ bronze }}
-      {%- if excluded %} where not coalesce(({{ excluded }}), false){% endif %}) b
-  {%- endset -%}
+  {%- set key_names = [] -%}
+  {%- for key in layout.key_columns -%}
+    {%- do keys.append('b._cdc_hk' ~ loop.index0 ~ ' <=> d._cdc_hk' ~ loop.index0) -%}
+    {%- do key_names.append(', _cdc_hk' ~ loop.index0) -%}
+  {%- endfor -%}
+  {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ (' where not coalesce((' ~ excluded ~ '), false)' if excluded else '') -%}
   {% do run_query('create table ' ~ augmented ~ ' using iceberg as with '
     ~ 'unpaired as (select distinct c._cdc_topic, c._cdc_order from (' ~ creates ~ ') c left anti join (select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order), '
     ~ 'history as (' ~ history ~ '), '
-    ~ 'deletes as (select b._cdc_topic, b._cdc_order' ~ cdclake.moved_keys_sql(layout) ~ ' from (select * from history where ' ~ cdclake.moved_delete_sql() ~ ') b left semi join unpaired u on b._cdc_topic = u._cdc_topic and b._cdc_order = u._cdc_order) '
+    ~ 'deletes as (select _cdc_topic, _cdc_order' ~ key_names | join('') ~ ' from history b where ' ~ cdclake.moved_delete_sql() ~ ' and (_cdc_topic, _cdc_order) in (select _cdc_topic, _cdc_order from unpaired)) '
     ~ 'select ' ~ columns | join(', ') ~ ', false as _cdc_earlier from ' ~ changes
     ~ ' union all select ' ~ columns | join(', ') ~ ', true from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
     ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ changes ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
@@ -232,9 +233,10 @@
 {%- endmacro %}
 
 
-{#- The key columns of a moved create's delete (its old key), named _cdc_moved_fk<i>, as a select list's tail. -#}
-{% macro moved_keys_sql(layout) -%}
-  {%- for key in layout.key_columns %}, {{ layout.key_exprs[key] }} as _cdc_moved_fk{{ loop.index0 }}{% endfor -%}
+{#- The key columns of a bronze row (a moved create's delete: its old key), named `<name><i>`, as a select list's
+    tail. -#}
+{% macro moved_keys_sql(layout, name='_cdc_moved_fk') -%}
+  {%- for key in layout.key_columns %}, {{ layout.key_exprs[key] }} as {{ name }}{{ loop.index0 }}{% endfor -%}
 {%- endmacro %}
 
 
