@@ -633,9 +633,10 @@ def test_once_gives_up_on_a_cluster_it_cannot_reach(lakehouse: Path) -> None:
 def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path) -> None:
     """A `--once` run whose cluster goes away mid-topic gives up (above) and commits the records it read first:
     the next run resumes after them, nothing lost, nothing twice. The client fetches one record batch at a time
-    (each record is a batch of its own, and its queue holds about one), and the mock cluster stops as the first poll
-    that read a record returns: the run is a few records into a topic of 60. (It stopped at the first progress
-    report, by which a slow machine's polls, 0.2 s each, had read the whole topic of 12: CI saw it once.)"""
+    (each record is a batch of its own, and its queue holds about one), each poll hands over one record, and the mock
+    cluster stops as the first poll that read a record returns: the run is a few records into a topic of 60. (It
+    stopped at the first progress report, by which a slow machine's polls, 0.2 s each, had read the whole topic of
+    12: CI saw it once.)"""
     from ingest.cli.ingest_cmd import build_pipeline
 
     topic = "dbserver1.inventory.customers"
@@ -659,7 +660,9 @@ def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path)
         poll = pipeline.source.poll
 
         def poll_then_stop_the_cluster(max_records: int, timeout_s: float) -> list[Any]:
-            batch = poll(max_records, timeout_s)
+            # One record per poll: consume() gathers records until its count or its timeout, and a loaded machine's
+            # timeout was long enough to gather the whole topic in the first poll (CI saw it once).
+            batch = poll(1, timeout_s)
             if batch:
                 cluster.stop()  # the next calls find it stopped: a no-op
             return batch
@@ -686,6 +689,7 @@ def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path)
     assert isinstance(outcome[0], ClusterUnreachableError), outcome
     assert "--once gave up after" in str(outcome[0])
     read = pipeline.stats.records_in
+    print("READ", read)
     assert 0 < read < len(records)
     assert bronze_coordinates(settings) == {(topic, 0, offset): 1 for offset in range(read)}
 
