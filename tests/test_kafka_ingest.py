@@ -634,13 +634,13 @@ def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path)
     """A `--once` run whose cluster goes away mid-topic gives up (above) and commits the records it read first:
     the next run resumes after them, nothing lost, nothing twice. The client fetches one record batch at a time
     (each record is a batch of its own, and its queue holds about one), each poll hands over one record, and the mock
-    cluster stops as the first poll that read a record returns: the run is a few records into a topic of 60. (It
+    cluster stops as the first poll that read a record returns: the run is a few records into a topic of 300. (It
     stopped at the first progress report, by which a slow machine's polls, 0.2 s each, had read the whole topic of
     12: CI saw it once.)"""
     from ingest.cli.ingest_cmd import build_pipeline
 
     topic = "dbserver1.inventory.customers"
-    records = _customer_records(12) * 5  # the same changes again: offsets are what count here
+    records = _customer_records(12) * 25  # the same changes again: offsets are what count here
     cluster = MockKafkaCluster().start()
     try:
         for record in records:
@@ -689,7 +689,6 @@ def test_once_commits_what_it_read_before_the_cluster_went_away(lakehouse: Path)
     assert isinstance(outcome[0], ClusterUnreachableError), outcome
     assert "--once gave up after" in str(outcome[0])
     read = pipeline.stats.records_in
-    print("READ", read)
     assert 0 < read < len(records)
     assert bronze_coordinates(settings) == {(topic, 0, offset): 1 for offset in range(read)}
 
