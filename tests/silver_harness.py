@@ -67,7 +67,7 @@ class Change:
     ``n`` is the image's other column: the position by default, or a value (None: not carried, as an update under
     Oracle PK-only supplemental logging leaves the columns it did not change). A primary-key change is a delete
     with ``new_key`` and a create with ``old_key`` at one position, which get Debezium's `__debezium.newkey` and
-    `__debezium.oldkey` headers.
+    `__debezium.oldkey` headers (``oldkey_header``: that header's text instead of the default converter's form).
     """
 
     op: str
@@ -78,6 +78,7 @@ class Change:
     n: int | Literal["lsn"] | None = "lsn"
     old_key: int | None = None
     new_key: int | None = None
+    oldkey_header: str | None = None
 
     @property
     def n_value(self) -> int | None:
@@ -124,7 +125,7 @@ class Topic:
             key = None if change.op == "t" else {"schema": KEY_SCHEMA, "payload": {"id": change.id}}
             headers = []  # kcat's form; the key as Kafka Connect's default header converter writes a struct
             if change.old_key is not None:
-                headers = ["__debezium.oldkey", orjson.dumps({"id": change.old_key}).decode()]
+                headers = ["__debezium.oldkey", change.oldkey_header or orjson.dumps({"id": change.old_key}).decode()]
             if change.new_key is not None:
                 headers = ["__debezium.newkey", orjson.dumps({"id": change.new_key}).decode()]
             lines.append(self._line(key, {"schema": schema, "payload": payload}, headers))

@@ -288,8 +288,9 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
 ) -> None:
     """The delete lands in one unit of work and the create in the next (an ingest flush, or a dbt run, between the
     two records): silver no longer holds the old key's image (with soft deletes, only a deleted row), and its values
-    come from bronze. A create whose delete is not in bronze (it comes later, from another Kafka partition) cannot
-    take them, and a warning says so."""
+    come from bronze. A create whose delete is not in bronze (it comes later, from another Kafka partition) takes
+    them from silver's row of the key its `__debezium.oldkey` header names, in either form Kafka Connect's header
+    converters write; one whose header does not name the key cannot, and a warning says so."""
     topic = harness.topic("pk_moves_split")
     config = f"ignore_null_updates=true, delete_mode='{delete_mode}'"
     live = "true" if delete_mode == "hard" else "not _cdc_deleted"
@@ -303,25 +304,35 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     harness.land(topic, [create], tmp_path)
     assert harness.build(topic, "--warn-error")
     assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101)}
-    # The other order: 2 -> 6's create first. Its old key's values are in silver, but bronze does not say which key
-    # that is until the delete lands.
+    # The other order: 2 -> 6's create first, its header as the JSON header converter writes it (with the schema).
     delete, create = moved(2, 6, 30, None, 201)
+    key_schema = {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}], "optional": False}
+    header = orjson.dumps({"schema": key_schema, "payload": {"ID": 2}}).decode()
+    create = dataclasses.replace(create, oldkey_header=header)
     harness.land(topic, [create], tmp_path)
-    assert not harness.build(topic, "--warn-error"), "a create without its delete must be warned about"
+    assert harness.build(topic, "--warn-error")
+    assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101), 6: ("b1", 201)}
+    harness.apply(topic, [delete], tmp_path, config)
+    assert images(harness, topic, live) == {5: ("a2", 101), 6: ("b1", 201)}
+    # A header that does not name the key (a converter that wrote something else): a warning, and the create as
+    # it came until the delete lands and a --full-refresh folds it.
+    delete, create = moved(5, 7, 40, None, 301)
+    create = dataclasses.replace(create, oldkey_header='{"code": 5}')
+    harness.land(topic, [create], tmp_path)
+    assert not harness.build(topic, "--warn-error"), "a create without its delete or a readable header is warned about"
     assert harness.build(topic)
-    assert (
-        f"1 primary-key change(s) in bronze.{topic.table} ({topic.name} partition 0 offset "
-        in (harness.project / "logs" / "dbt.log").read_text()
-    )
+    log = (harness.project / "logs" / "dbt.log").read_text()
+    assert f"1 primary-key change(s) in bronze.{topic.table} ({topic.name} partition 0 offset " in log
+    assert "header does not name all of the key columns id" in log
     # What the failed run left of its own (its bronze rows of earlier units) the next run dropped.
     left = harness.spark.sql(f"show tables in cdclake_scratch.silver like '{topic.table}__cdc_batch_*_moves*'")
     assert left.collect() == []
-    assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101), 6: (None, 201)}
+    assert images(harness, topic, live) == {5: ("a2", 101), 6: ("b1", 201), 7: (None, 301)}
     harness.apply(topic, [delete], tmp_path, config)
-    assert images(harness, topic, live) == {5: ("a2", 101), 6: (None, 201)}
+    assert images(harness, topic, live) == {6: ("b1", 201), 7: (None, 301)}
     # --full-refresh folds it, now that both are in bronze.
     assert harness.build(topic, "--full-refresh")
-    assert images(harness, topic, live) == {5: ("a2", 101), 6: ("b1", 201)}
+    assert images(harness, topic, live) == {6: ("b1", 201), 7: ("a2", 301)}
 
 
 @st.composite
@@ -345,9 +356,13 @@ def key_moving_histories(draw: st.DrawFn) -> list[list[Change]]:
             changes.append(Change(D, key, lsn))
             live.remove(key)
         elif op == "m" and key in live and other not in live:
-            changes += moved(key, other, lsn, v, n)
+            pair = moved(key, other, lsn, v, n)
+            # Split across units of work: the delete first (a flush between them), or the create (the two keys in
+            # different Kafka partitions, the new key's read first).
+            split = draw(st.sampled_from([None, "delete first", "create first"]))
+            changes += pair[::-1] if split == "create first" else pair
             live = (live - {key}) | {other}
-            if draw(st.booleans()):  # the delete in one unit of work, the create in the next (one partition here)
+            if split is not None:
                 splits.add(len(changes) - 1)
     drawn = draw(st.sets(st.integers(1, max(len(changes) - 1, 1)), max_size=2))
     cuts = sorted(cut for cut in drawn | splits if cut < len(changes))
@@ -375,10 +390,17 @@ SPLIT_MOVE = [
     [moved(1, 2, 3, None, None)[1], Change(U, 2, 4, "q", n=None)],
 ]
 
+# The other order: the create lands in a unit of work before its delete.
+CREATE_FIRST_MOVE = [
+    [Change(C, 1, 1, "p", n=1), Change(U, 1, 2, None, n=2), moved(1, 2, 3, None, None)[1]],
+    [moved(1, 2, 3, None, None)[0], Change(U, 2, 4, "q", n=None)],
+]
+
 
 @dbt_examples(3)
 @example(units=CHAINED_MOVES, replay=False)
 @example(units=SPLIT_MOVE, replay=True)
+@example(units=CREATE_FIRST_MOVE, replay=True)
 @given(units=key_moving_histories(), replay=st.booleans())
 def test_random_primary_key_changes_match_the_reference_model(
     harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory, units: list[list[Change]], replay: bool

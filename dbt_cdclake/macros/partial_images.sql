@@ -20,7 +20,8 @@
   create carries the update's partial image. Debezium marks the create with the `__debezium.oldkey` header and the
   delete with `__debezium.newkey` (bronze keeps both in `_cdc_headers`): the create is folded onto the old key's
   image before its delete (fold_moved_creates), and then serves as the new key's full image. A delete of an earlier
-  unit of work is found in bronze. A create that cannot be paired is folded like an update of its own key.
+  unit of work is found in bronze; one still to come is stood in for by the old key the create's header names. A
+  create that cannot be paired is folded like an update of its own key.
 -#}
 
 {% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
@@ -106,9 +107,10 @@
   position), and folds every version (`every`), so that it reaches the create, which is not its key's last change.
   A create whose delete landed in an earlier unit of work (a flush or a run between the two records, or another
   Kafka partition) finds it in bronze, with the old key's changes up to it (moves_from_earlier_units): silver no
-  longer holds that key. A create whose old key has no image before it even so is left as it came, for the fold of
-  its own key (default__fold_partial_images); one whose delete is not in bronze at all (it comes later, from
-  another partition) is also said in a warning.
+  longer holds that key. One whose delete is not in bronze at all (it comes later, from another partition) pairs
+  with the old key its header names (moved_old_key_sql): silver still holds that key, and its delete will remove
+  it. A create whose old key has no image before it even so is left as it came, for the fold of its own key
+  (default__fold_partial_images); one whose old key cannot be read at all is also said in a warning.
 -#}
 {% macro fold_moved_creates(bronze, changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- if layout.document -%}
@@ -122,9 +124,20 @@
     {{ return(changes) }}
   {%- endif -%}
   {%- set state = {'current': changes, 'done': false} -%}
-  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, counts[1], layout, fold) if counts[1] > 0 and target is not none else none -%}
+  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, layout, fold) if counts[1] > 0 and target is not none else none -%}
   {%- set earlier = augmented is not none -%}
   {%- if earlier %}{% do state.update({'current': augmented}) %}{% endif -%}
+  {#- A create whose delete is in neither (it comes later, from another partition) pairs with the old key its
+      `__debezium.oldkey` header names, where that can be read (moved_old_key_sql). -#}
+  {%- set header = cdclake.moved_old_key_sql(layout, changes) if counts[1] > 0 else none -%}
+  {%- if counts[1] > 0 -%}
+    {%- set unread = run_query('select _cdc_topic, _cdc_partition, _cdc_offset, count(*) over () from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u' ~ (' where not (' ~ header.known ~ ')' if header is not none else '') ~ ' order by 1, 2, 3 limit 3').rows -%}
+    {%- if unread | length -%}
+      {%- set named = [] -%}
+      {%- for row in unread %}{% do named.append(row[0] ~ ' partition ' ~ row[1] ~ ' offset ' ~ row[2]) %}{% endfor -%}
+      {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ unread[0][3] ~ " primary-key change(s) in " ~ bronze ~ " (" ~ named | join('; ') ~ (', ...' if unread[0][3] > 3 else '') ~ ") carry a partial image in their create, the delete of the old key is not in bronze (it comes later, from another Kafka partition), and the create's __debezium.oldkey header " ~ ('does not name all of the key columns ' ~ layout.key_columns | join(', ') if header is not none else 'cannot be read for keys of these types') ~ ": the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
+    {%- endif -%}
+  {%- endif -%}
   {%- set new_key = [] -%}
   {%- set old_key = [] -%}
   {%- for key in layout.key_columns -%}
@@ -147,7 +160,10 @@
       ~ ' join (select distinct _cdc_topic as _cdc_delete_topic, _cdc_order as _cdc_delete_order'
       ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d'
       ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
-      ~ ') where _cdc_deletes = 1 and _cdc_creates = 1') %}
+      ~ ') where _cdc_deletes = 1 and _cdc_creates = 1'
+      ~ (' union all select u._cdc_topic, u._cdc_partition, u._cdc_offset, u._cdc_topic, u._cdc_order' ~ header.select ~ ', 1, 1 from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier and round == 0) ~ ') u'
+        ~ (' left anti join ' ~ done ~ ' y on u._cdc_topic = y._cdc_topic and u._cdc_partition = y._cdc_partition and u._cdc_offset = y._cdc_offset' if state.done else '')
+        ~ ' where ' ~ header.known if header is not none else '')) %}
     {%- set paired = run_query('select count(*) from ' ~ pairs).rows[0][0] -%}
     {%- if paired == 0 -%}
       {% do run_query('drop table if exists ' ~ pairs ~ ' purge') %}
@@ -189,10 +205,9 @@
   earlier units for the unit's primary-key changes' creates (`creates`: their topics and positions) whose delete is
   not in the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to
   it, which hold the old key's values. A table of the run, or none when bronze holds none of those deletes. Only runs
-  that hold such a create (`unpaired` of them) read all of bronze. A create whose delete is not in bronze either (it
-  comes later, from another partition) cannot take the old key's values: a warning says so (docs/silver.md).
+  that hold such a create read all of bronze.
 -#}
-{% macro moves_from_earlier_units(bronze, changes, creates, unpaired, layout, fold) -%}
+{% macro moves_from_earlier_units(bronze, changes, creates, layout, fold) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
   {%- set excluded = config.get('exclude_changes') -%}
   {%- set columns = [] -%}
@@ -212,18 +227,48 @@
     ~ ' union all select ' ~ columns | join(', ') ~ ', true from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
     ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ changes ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
   {%- set found = run_query('select count(*) from (' ~ creates ~ ') c left semi join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where _cdc_earlier and ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0][0] -%}
-  {%- if found < unpaired -%}
-    {%- set deletes = 'select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where ' ~ cdclake.moved_delete_sql() -%}
-    {%- set first = run_query('select c._cdc_topic, c._cdc_partition, c._cdc_offset from (' ~ creates ~ ') c left anti join (' ~ deletes ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order order by 1, 2, 3 limit 3').rows -%}
-    {%- set named = [] -%}
-    {%- for row in first %}{% do named.append(row[0] ~ ' partition ' ~ row[1] ~ ' offset ' ~ row[2]) %}{% endfor -%}
-    {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ (unpaired - found) ~ " primary-key change(s) in " ~ bronze ~ " (" ~ named | join('; ') ~ (', ...' if unpaired - found > 3 else '') ~ ") carry a partial image in their create, and the delete of the old key is not in bronze (it comes later, from another Kafka partition): the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
-  {%- endif -%}
   {%- if found == 0 -%}
     {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
     {{ return(none) }}
   {%- endif -%}
   {{ return(augmented) }}
+{%- endmacro %}
+
+
+{#- The rows of `relation` that are primary-key changes' creates with a partial image (`partial`, a condition) whose
+    delete is not in `relation` (`earlier`: of the unit, not of the rows moves_from_earlier_units added). -#}
+{% macro unpaired_creates_sql(relation, partial, earlier=false) -%}
+  select c.* from {{ relation }} c left anti join (select _cdc_topic, _cdc_order from {{ relation }} where {{ cdclake.moved_delete_sql() }}) d
+    on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order
+  where {{ cdclake.moved_create_sql('c.') }} and ({{ partial }}){{ ' and not c._cdc_earlier' if earlier else '' }}
+{%- endmacro %}
+
+
+{#-
+  The old key of a primary-key change's create, read from its `__debezium.oldkey` header: {'select': the key columns
+  as a select list's tail (`_cdc_moved_fk<i>`, typed as the key columns of `changes`), 'known': the condition that
+  the header names every one}, or none when a key column's type has no single JSON form (only integers, text and
+  booleans do: Debezium writes a date, a time or a decimal in one of several forms its settings choose).
+  The header holds the key as Kafka Connect's header converter wrote it: the default (SimpleHeaderConverter) writes
+  a struct as a JSON object, the JSON converter as one with its schema (`{"schema": ..., "payload": {...}}`).
+  Field names are matched without regard to case, as the model's key columns are.
+-#}
+{% macro moved_old_key_sql(layout, changes) -%}
+  {%- set probes = [] -%}
+  {%- for key in layout.key_columns %}{% do probes.append('typeof(' ~ layout.key_exprs[key] ~ ')') %}{% endfor -%}
+  {%- set types = run_query('select ' ~ probes | join(', ') ~ ' from ' ~ changes ~ ' limit 1').rows[0] -%}
+  {%- set value = "cast(element_at(filter(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.oldkey'), 1).value as string)" -%}
+  {%- set object = "case when get_json_object(" ~ value ~ ", '$.schema') is not null and get_json_object(" ~ value ~ ", '$.payload') is not null then get_json_object(" ~ value ~ ", '$.payload') else " ~ value ~ " end" -%}
+  {%- set fields = "transform_keys(from_json(" ~ object ~ ", 'map<string,string>'), (_cdc_k, _cdc_v) -> lower(_cdc_k))" -%}
+  {%- set keys = [] -%}
+  {%- set known = [] -%}
+  {%- for key in layout.key_columns -%}
+    {%- if types[loop.index0] not in ['tinyint', 'smallint', 'int', 'bigint', 'string', 'boolean'] %}{{ return(none) }}{% endif -%}
+    {%- set part = 'cast(' ~ fields ~ '[' ~ cdclake.sql_string(key | lower) ~ '] as ' ~ types[loop.index0] ~ ')' -%}
+    {%- do keys.append(', ' ~ part ~ ' as _cdc_moved_fk' ~ loop.index0) -%}
+    {%- do known.append(part ~ ' is not null') -%}
+  {%- endfor -%}
+  {{ return({'select': keys | join(''), 'known': known | join(' and ')}) }}
 {%- endmacro %}
 
 
