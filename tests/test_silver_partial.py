@@ -396,9 +396,19 @@ CREATE_FIRST_MOVE = [
     [moved(1, 2, 3, None, None)[0], Change(U, 2, 4, "q", n=None)],
 ]
 
+# A chain across units (1 -> 2 -> 4 -> 1, found by `make explore`): 4's create, whose delete landed in the unit before,
+# takes 2's values, which 2's create (of that unit too) took from 1; 1's create, whose delete lands in the next unit,
+# takes 4's.
+CHAINED_SPLIT_MOVES = [
+    [Change(C, 1, 4, "x", n=4), *moved(1, 2, 7, "q", None), moved(2, 4, 8, "q", None)[0]],
+    [moved(2, 4, 8, "q", None)[1], moved(4, 1, 9, "p", None)[1]],
+    [moved(4, 1, 9, "p", None)[0], *moved(1, 3, 12, "p", 12)],
+]
+
 
 @dbt_examples(3)
 @example(units=CHAINED_MOVES, replay=False)
+@example(units=CHAINED_SPLIT_MOVES, replay=False)
 @example(units=SPLIT_MOVE, replay=True)
 @example(units=CREATE_FIRST_MOVE, replay=True)
 @given(units=key_moving_histories(), replay=st.booleans())

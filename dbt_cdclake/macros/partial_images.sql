@@ -124,7 +124,7 @@
     {{ return(changes) }}
   {%- endif -%}
   {%- set state = {'current': changes, 'done': false} -%}
-  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, layout, fold) if counts[1] > 0 and target is not none else none -%}
+  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, layout, fold, partial) if counts[1] > 0 and target is not none else none -%}
   {%- set earlier = augmented is not none -%}
   {%- if earlier %}{% do state.update({'current': augmented}) %}{% endif -%}
   {#- A create whose delete is in neither (it comes later, from another partition) pairs with the old key its
@@ -161,7 +161,7 @@
       ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d'
       ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
       ~ ') where _cdc_deletes = 1 and _cdc_creates = 1'
-      ~ (' union all select u._cdc_topic, u._cdc_partition, u._cdc_offset, u._cdc_topic, u._cdc_order' ~ header.select ~ ', 1, 1 from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier and round == 0) ~ ') u'
+      ~ (' union all select u._cdc_topic, u._cdc_partition, u._cdc_offset, u._cdc_topic, u._cdc_order' ~ header.select ~ ', 1, 1 from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u'
         ~ (' left anti join ' ~ done ~ ' y on u._cdc_topic = y._cdc_topic and u._cdc_partition = y._cdc_partition and u._cdc_offset = y._cdc_offset' if state.done else '')
         ~ ' where ' ~ header.known if header is not none else '')) %}
     {%- set paired = run_query('select count(*) from ' ~ pairs).rows[0][0] -%}
@@ -179,8 +179,9 @@
     {%- set matched = ' on m._cdc_moved_offset is not null and f._cdc_topic = m._cdc_moved_topic and f._cdc_partition = m._cdc_moved_partition and f._cdc_offset = m._cdc_moved_offset' -%}
     {% do run_query('create table ' ~ moved ~ ' using iceberg as select '
       ~ cdclake.columns_with_after(fold.columns, 'c.', 'case when f._cdc_based then f.after else c.after end')
+      ~ (', c._cdc_earlier' if earlier else '')
       ~ ' from ' ~ state.current ~ ' c left join ' ~ pairs ~ ' m on c._cdc_topic = m._cdc_moved_topic and c._cdc_partition = m._cdc_moved_partition and c._cdc_offset = m._cdc_moved_offset'
-      ~ ' left join ' ~ folded ~ ' f' ~ matched ~ (' where not c._cdc_earlier' if earlier and round == 0 else '')) %}
+      ~ ' left join ' ~ folded ~ ' f' ~ matched) %}
     {%- set resolved = 'select f._cdc_topic, f._cdc_partition, f._cdc_offset from ' ~ pairs ~ ' m join ' ~ folded ~ ' f' ~ matched ~ ' where f._cdc_based' -%}
     {% do run_query(('insert into ' ~ done ~ ' ' if state.done else 'create table ' ~ done ~ ' using iceberg as ') ~ resolved) %}
     {%- set folded_now = run_query('select count(*) from (' ~ resolved ~ ')').rows[0][0] -%}
@@ -195,6 +196,12 @@
     {#- Nothing paired, even with the deletes of earlier units: the unit as it came. -#}
     {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
     {{ return(changes) }}
+  {%- elif earlier -%}
+    {#- The rows of earlier units served as images; the unit's own rows go on. -#}
+    {%- set unit = cdclake.scratch_table(layout, 'moved') -%}
+    {% do run_query('create table ' ~ unit ~ ' using iceberg as select ' ~ cdclake.columns_with_after(fold.columns, '', 'after') ~ ' from ' ~ state.current ~ ' where not _cdc_earlier') %}
+    {% do run_query('drop table if exists ' ~ state.current ~ ' purge') %}
+    {{ return(unit) }}
   {%- endif -%}
   {{ return(state.current) }}
 {%- endmacro %}
@@ -204,14 +211,17 @@
   The unit of work (`changes`) and, marked `_cdc_earlier`, the bronze rows that fold_moved_creates needs from
   earlier units for the unit's primary-key changes' creates (`creates`: their topics and positions) whose delete is
   not in the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to
-  it, which hold the old key's values. A table of the run, or none when bronze holds none of those deletes. Only runs
-  that hold such a create read all of bronze.
+  it, which hold the old key's values. When those hold a primary-key change's create with a partial image (`partial`)
+  in turn (1 -> 2 in one unit, 2 -> 4 split across the next two), its delete and old key's changes are read too, and
+  so on (`_cdc_step`: the read that added a row). A table of the run, or none when bronze holds none of those
+  deletes. Only runs that hold such a create read all of bronze.
 -#}
-{% macro moves_from_earlier_units(bronze, changes, creates, layout, fold) -%}
+{% macro moves_from_earlier_units(bronze, changes, creates, layout, fold, partial) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
   {%- set excluded = config.get('exclude_changes') -%}
   {%- set columns = [] -%}
   {%- for column in fold.columns %}{% do columns.append(cdclake.quote(column)) %}{% endfor -%}
+  {%- set columns = columns | join(', ') -%}
   {%- set keys = [] -%}
   {%- set key_names = [] -%}
   {%- for key in layout.key_columns -%}
@@ -219,15 +229,19 @@
     {%- do key_names.append(', _cdc_hk' ~ loop.index0) -%}
   {%- endfor -%}
   {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ (' where not coalesce((' ~ excluded ~ '), false)' if excluded else '') -%}
-  {% do run_query('create table ' ~ augmented ~ ' using iceberg as with '
-    ~ 'unpaired as (select distinct c._cdc_topic, c._cdc_order from (' ~ creates ~ ') c left anti join (select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order), '
-    ~ 'history as (' ~ history ~ '), '
-    ~ 'deletes as (select _cdc_topic, _cdc_order' ~ key_names | join('') ~ ' from history b where ' ~ cdclake.moved_delete_sql() ~ ' and (_cdc_topic, _cdc_order) in (select _cdc_topic, _cdc_order from unpaired)) '
-    ~ 'select ' ~ columns | join(', ') ~ ', false as _cdc_earlier from ' ~ changes
-    ~ ' union all select ' ~ columns | join(', ') ~ ', true from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
-    ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ changes ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
-  {%- set found = run_query('select count(*) from (' ~ creates ~ ') c left semi join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where _cdc_earlier and ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0][0] -%}
-  {%- if found == 0 -%}
+  {% do run_query('create table ' ~ augmented ~ ' using iceberg as select ' ~ columns ~ ', false as _cdc_earlier, 0 as _cdc_step from ' ~ changes) %}
+  {%- set wanted = {'sql': 'select distinct c._cdc_topic, c._cdc_order from (' ~ creates ~ ') c left anti join (select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order'} -%}
+  {%- for step in range(1, 9) -%}
+    {% do run_query('insert into ' ~ augmented ~ ' with '
+      ~ 'history as (' ~ history ~ '), '
+      ~ 'deletes as (select _cdc_topic, _cdc_order' ~ key_names | join('') ~ ' from history b where ' ~ cdclake.moved_delete_sql() ~ ' and (_cdc_topic, _cdc_order) in (' ~ wanted.sql ~ ')) '
+      ~ 'select ' ~ columns ~ ', true, ' ~ step ~ ' from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
+      ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ augmented ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
+    {#- The creates this read added whose delete is not read yet: their old keys' values are wanted next. -#}
+    {%- do wanted.update({'sql': 'select distinct c._cdc_topic, c._cdc_order from ' ~ augmented ~ ' c left anti join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order where c._cdc_step = ' ~ step ~ ' and ' ~ cdclake.moved_create_sql('c.') ~ ' and (' ~ partial ~ ')'}) -%}
+    {%- if run_query('select count(*) from (' ~ wanted.sql ~ ')').rows[0][0] == 0 %}{% break %}{% endif -%}
+  {%- endfor -%}
+  {%- if run_query('select count(*) from ' ~ augmented ~ ' where _cdc_earlier').rows[0][0] == 0 -%}
     {% do run_query('drop table if exists ' ~ augmented ~ ' purge') %}
     {{ return(none) }}
   {%- endif -%}
