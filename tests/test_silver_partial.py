@@ -283,10 +283,10 @@ def test_a_primary_key_change_takes_the_old_keys_values(harness: SilverHarness, 
 
 
 @pytest.mark.parametrize(
-    "delete_mode", ["hard", pytest.param("soft", marks=pytest.mark.slow), pytest.param("scd2", marks=pytest.mark.slow)]
+    "mode", ["hard", pytest.param("soft", marks=pytest.mark.slow), pytest.param("scd2", marks=pytest.mark.slow)]
 )
 def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_values(
-    harness: SilverHarness, tmp_path: Path, delete_mode: str
+    harness: SilverHarness, tmp_path: Path, mode: str
 ) -> None:
     """The delete lands in one unit of work and the create in the next (an ingest flush, or a dbt run, between the
     two records): silver no longer holds the old key's image (with soft deletes, only a deleted row), and its values
@@ -294,11 +294,9 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     them from silver's row of the key its `__debezium.oldkey` header names, in either form Kafka Connect's header
     converters write; one whose header does not name the key cannot, and a warning says so."""
     topic = harness.topic("pk_moves_split")
-    # scd2: a history (hard deletes), whose current versions are compared.
-    config = "ignore_null_updates=true, " + (
-        "history='scd2'" if delete_mode == "scd2" else f"delete_mode='{delete_mode}'"
-    )
-    live = {"hard": "true", "soft": "not _cdc_deleted", "scd2": "_cdc_is_current"}[delete_mode]
+    # Hard or soft deletes, or a history (hard deletes) whose current versions are compared.
+    config = "ignore_null_updates=true, " + ("history='scd2'" if mode == "scd2" else f"delete_mode='{mode}'")
+    live = {"hard": "true", "soft": "not _cdc_deleted", "scd2": "_cdc_is_current"}[mode]
     harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(U, 1, 11, None, n=101)], tmp_path, config)
     delete, create = moved(1, 5, 20, None, None)
     harness.apply(topic, [Change(C, 2, 12, "b", n=200), Change(U, 2, 13, "b1", n=None), delete], tmp_path, config)
