@@ -292,7 +292,8 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     two records): silver no longer holds the old key's image (with soft deletes, only a deleted row), and its values
     come from bronze. A create whose delete is not in bronze (it comes later, from another Kafka partition) takes
     them from silver's row of the key its `__debezium.oldkey` header names, in either form Kafka Connect's header
-    converters write; one whose header does not name the key cannot, and a warning says so."""
+    converters write, and a warning says that changes of that key may still come; one whose header does not name
+    the key cannot take them, and a warning says so."""
     topic = harness.topic("pk_moves_split")
     # Hard or soft deletes, or a history (hard deletes) whose current versions are compared.
     config = "ignore_null_updates=true, " + ("history='scd2'" if mode == "scd2" else f"delete_mode='{mode}'")
@@ -313,7 +314,11 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     header = orjson.dumps({"schema": key_schema, "payload": {"ID": 2}}).decode()
     create = dataclasses.replace(create, oldkey_header=header)
     harness.land(topic, [create], tmp_path)
-    assert harness.build(topic, "--warn-error")
+    # Folded, and said: key 2's partition may still hold a change of 2 before its delete, which the fold misses.
+    assert not harness.build(topic, "--warn-error"), "a create folded without its delete is warned about"
+    assert harness.build(topic)
+    log = (harness.project / "logs" / "dbt.log").read_text()
+    assert "the creates take the values of the old key their __debezium.oldkey header names" in log
     assert images(harness, topic, live) == {2: ("b1", 200), 5: ("a2", 101), 6: ("b1", 201)}
     harness.apply(topic, [delete], tmp_path, config)
     assert images(harness, topic, live) == {5: ("a2", 101), 6: ("b1", 201)}
@@ -322,11 +327,12 @@ def test_a_primary_key_change_split_across_units_of_work_takes_the_old_keys_valu
     delete, create = moved(5, 7, 40, None, 301)
     create = dataclasses.replace(create, oldkey_header='{"code": 5}')
     harness.land(topic, [create], tmp_path)
+    offset = topic.landed[-1][1]
     assert not harness.build(topic, "--warn-error"), "a create without its delete or a readable header is warned about"
     assert harness.build(topic)
     log = (harness.project / "logs" / "dbt.log").read_text()
-    assert f"1 primary-key change(s) in bronze.{topic.table} ({topic.name} partition 0 offset " in log
-    assert "header does not name all of the key columns id" in log
+    assert f"1 primary-key change(s) in bronze.{topic.table} ({topic.name} partition 0 offset {offset})" in log
+    assert "header does not name all of the key columns id, so" in log
     # What the failed run left of its own (its bronze rows of earlier units) the next run dropped.
     left = harness.spark.sql(f"show tables in cdclake_scratch.silver like '{topic.table}__cdc_batch_*_moves*'")
     assert left.collect() == []

@@ -109,8 +109,9 @@
   Kafka partition) finds it in bronze, with the old key's changes up to it (moves_from_earlier_units): silver no
   longer holds that key. One whose delete is not in bronze at all (it comes later, from another partition) pairs
   with the old key its header names (moved_old_key_sql): silver still holds that key, and its delete will remove
-  it. A create whose old key has no image before it even so is left as it came, for the fold of its own key
-  (default__fold_partial_images); one whose old key cannot be read at all is also said in a warning.
+  it; the run warns, as that key's partition may still hold changes before the delete. A create whose old key has
+  no image before it even so is left as it came, for the fold of its own key (default__fold_partial_images); one
+  whose old key cannot be read at all is also said in a warning.
 -#}
 {% macro fold_moved_creates(bronze, changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- if layout.document -%}
@@ -131,12 +132,24 @@
       `__debezium.oldkey` header names, where that can be read (moved_old_key_sql). -#}
   {%- set header = cdclake.moved_old_key_sql(layout, changes) if counts[1] > 0 else none -%}
   {%- if counts[1] > 0 -%}
-    {%- set unread = run_query('select _cdc_topic, _cdc_partition, _cdc_offset, count(*) over () from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u' ~ (' where not (' ~ header.known ~ ')' if header is not none else '') ~ ' order by 1, 2, 3 limit 3').rows -%}
-    {%- if unread | length -%}
+    {#- Either way the run warns: a create the header gives no key for stays partial, and one it does takes the old
+        key's values as bronze holds them now, when a change of the old key before its delete may still be to
+        come from the old key's partition (a --full-refresh once the deletes have landed makes both exact). -#}
+    {%- set readable = header.known if header is not none else 'false' -%}
+    {%- set rows = run_query('select * from (select ' ~ readable ~ ' as _cdc_readable, _cdc_topic, _cdc_partition, _cdc_offset, count(*) over (partition by ' ~ readable ~ ') as _cdc_count, row_number() over (partition by ' ~ readable ~ ' order by _cdc_topic, _cdc_partition, _cdc_offset) as _cdc_rank from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u) where _cdc_rank <= 3 order by 1, 2, 3, 4').rows -%}
+    {%- for folded in [false, true] -%}
       {%- set named = [] -%}
-      {%- for row in unread %}{% do named.append(row[0] ~ ' partition ' ~ row[1] ~ ' offset ' ~ row[2]) %}{% endfor -%}
-      {% do exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ unread[0][3] ~ " primary-key change(s) in " ~ bronze ~ " (" ~ named | join('; ') ~ (', ...' if unread[0][3] > 3 else '') ~ ") carry a partial image in their create, the delete of the old key is not in bronze (it comes later, from another Kafka partition), and the create's __debezium.oldkey header " ~ ('does not name all of the key columns ' ~ layout.key_columns | join(', ') if header is not none else 'cannot be read for keys of these types') ~ ": the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
-    {%- endif -%}
+      {%- set count = [] -%}
+      {%- for row in rows if row[0] == folded %}{% do named.append(row[1] ~ ' partition ' ~ row[2] ~ ' offset ' ~ row[3]) %}{% do count.append(row[4]) %}{% endfor -%}
+      {%- if named -%}
+        {%- set which = "cdc_silver model '" ~ model.name ~ "': " ~ count[0] ~ " primary-key change(s) in " ~ bronze ~ " (" ~ named | join('; ') ~ (', ...' if count[0] > 3 else '') ~ ") carry a partial image in their create, and the delete of the old key is not in bronze yet (it comes later, from another Kafka partition): " -%}
+        {%- if folded -%}
+          {% do exceptions.warn(which ~ "the creates take the values of the old key their __debezium.oldkey header names as bronze holds them now; a change of that key still to come from its partition before the delete is not in them until a --full-refresh once the deletes have landed") %}
+        {%- else -%}
+          {% do exceptions.warn(which ~ "their __debezium.oldkey header " ~ ('does not name all of the key columns ' ~ layout.key_columns | join(', ') if header is not none else 'cannot be read for keys of these types') ~ ", so the new key's row lacks the values the create did not carry until a full image of it lands; a --full-refresh once the deletes have landed folds them") %}
+        {%- endif -%}
+      {%- endif -%}
+    {%- endfor -%}
   {%- endif -%}
   {%- set new_key = [] -%}
   {%- set old_key = [] -%}
