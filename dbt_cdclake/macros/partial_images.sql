@@ -125,7 +125,7 @@
     {{ return(changes) }}
   {%- endif -%}
   {%- set state = {'current': changes, 'done': false} -%}
-  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, creates, layout, fold, partial) if counts[1] > 0 and target is not none else none -%}
+  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, layout, fold, partial) if counts[1] > 0 and target is not none else none -%}
   {%- set earlier = augmented is not none -%}
   {%- if earlier %}{% do state.update({'current': augmented}) %}{% endif -%}
   {#- A create whose delete is in neither (it comes later, from another partition) pairs with the old key its
@@ -222,14 +222,13 @@
 
 {#-
   The unit of work (`changes`) and, marked `_cdc_earlier`, the bronze rows that fold_moved_creates needs from
-  earlier units for the unit's primary-key changes' creates (`creates`: their topics and positions) whose delete is
-  not in the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to
-  it, which hold the old key's values. When those hold a primary-key change's create with a partial image (`partial`)
-  in turn (1 -> 2 in one unit, 2 -> 4 split across the next two), its delete and old key's changes are read too, and
-  so on (`_cdc_step`: the read that added a row). A table of the run, or none when bronze holds none of those
+  earlier units for the unit's primary-key changes' creates with a partial image (`partial`) whose delete is not in
+  the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to it,
+  which hold the old key's values. When those hold such a create in turn (1 -> 2 in one unit, 2 -> 4 split across
+  the next two), its delete and old key's changes are read too, and so on (`_cdc_step`: the read that added a row). A table of the run, or none when bronze holds none of those
   deletes. Only runs that hold such a create read all of bronze.
 -#}
-{% macro moves_from_earlier_units(bronze, changes, creates, layout, fold, partial) -%}
+{% macro moves_from_earlier_units(bronze, changes, layout, fold, partial) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
   {%- set excluded = config.get('exclude_changes') -%}
   {%- set columns = [] -%}
@@ -243,7 +242,7 @@
   {%- endfor -%}
   {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ (' where not coalesce((' ~ excluded ~ '), false)' if excluded else '') -%}
   {% do run_query('create table ' ~ augmented ~ ' using iceberg as select ' ~ columns ~ ', false as _cdc_earlier, 0 as _cdc_step from ' ~ changes) %}
-  {%- set wanted = {'sql': 'select distinct c._cdc_topic, c._cdc_order from (' ~ creates ~ ') c left anti join (select _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order'} -%}
+  {%- set wanted = {'sql': 'select distinct _cdc_topic, _cdc_order from (' ~ cdclake.unpaired_creates_sql(changes, partial) ~ ') c'} -%}
   {%- for step in range(1, 9) -%}
     {% do run_query('insert into ' ~ augmented ~ ' with '
       ~ 'history as (' ~ history ~ '), '
@@ -251,7 +250,7 @@
       ~ 'select ' ~ columns ~ ', true, ' ~ step ~ ' from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
       ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ augmented ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
     {#- The creates this read added whose delete is not read yet: their old keys' values are wanted next. -#}
-    {%- do wanted.update({'sql': 'select distinct c._cdc_topic, c._cdc_order from ' ~ augmented ~ ' c left anti join (select _cdc_topic, _cdc_order from ' ~ augmented ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order where c._cdc_step = ' ~ step ~ ' and ' ~ cdclake.moved_create_sql('c.') ~ ' and (' ~ partial ~ ')'}) -%}
+    {%- do wanted.update({'sql': 'select distinct _cdc_topic, _cdc_order from (' ~ cdclake.unpaired_creates_sql(augmented, partial) ~ ') c where _cdc_step = ' ~ step}) -%}
     {%- if run_query('select count(*) from (' ~ wanted.sql ~ ')').rows[0][0] == 0 %}{% break %}{% endif -%}
   {%- endfor -%}
   {%- if run_query('select count(*) from ' ~ augmented ~ ' where _cdc_earlier').rows[0][0] == 0 -%}
