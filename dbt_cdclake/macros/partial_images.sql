@@ -225,8 +225,9 @@
   earlier units for the unit's primary-key changes' creates with a partial image (`partial`) whose delete is not in
   the unit: each such delete (same topic and position, `__debezium.newkey`) and the changes of its key up to it,
   which hold the old key's values. When those hold such a create in turn (1 -> 2 in one unit, 2 -> 4 split across
-  the next two), its delete and old key's changes are read too, and so on (`_cdc_step`: the read that added a row). A table of the run, or none when bronze holds none of those
-  deletes. Only runs that hold such a create read all of bronze.
+  the next two), its delete and old key's changes are read too, and so on (`_cdc_step`: the read that added a row).
+  A table of the run, or none when bronze holds none of those deletes. Only runs that hold such a create read all
+  of bronze.
 -#}
 {% macro moves_from_earlier_units(bronze, changes, layout, fold, partial) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
