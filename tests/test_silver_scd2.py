@@ -266,6 +266,47 @@ def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_
     assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values
 
 
+@pytest.mark.parametrize("then", ["back", "forward"])
+def test_a_rebuild_that_switches_history_and_stops_midway_is_finished_by_the_next_run(
+    harness: SilverHarness, tmp_path: Path, then: str
+) -> None:
+    """A --full-refresh from a history to current state replaces the tombstones, then silver. One that failed (or
+    was killed) between the two left current-state tombstones beside the history: every later run of the history
+    model failed on the tombstones' columns, and the current-state model's asked for the rebuild again. The next
+    run, of either model, finishes it now."""
+    topic = harness.topic(f"scd2_unfinished_{then}")
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(D, 1, 3)], tmp_path, HARD)
+    harness.land(topic, [Change(U, 2, 4, "boom")], tmp_path)
+    # Current state, with a column that fails on the new value: only the silver CREATE reads it, so the run
+    # stops after it replaced the tombstones, as a run killed there does.
+    harness.write_model(topic)
+    (harness.project / "models" / "silver" / f"{topic.table}.sql").write_text(
+        "{{ config(materialized='cdc_silver') }}\n"
+        "select *, case when after.v = 'boom' then raise_error('boom') end as boom"
+        f" from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    )
+    assert not harness.build(topic, "--full-refresh")
+    # What that left: the history, beside tombstones of current state (a history's carry the source timestamp).
+    assert "_cdc_valid_from" in harness.spark.table(f"silver.{topic.table}").columns
+    assert "_cdc_source_ts" not in harness.spark.table(f"silver.{topic.table}__cdc_tombstones").columns
+    harness.land(topic, [Change(C, 3, 5, "c")], tmp_path)
+    harness.write_model(topic, HARD if then == "back" else "")
+    assert harness.build(topic), "the run after the unfinished rebuild failed"
+    assert "did not finish; rebuilding it from bronze" in (harness.project / "logs" / "dbt.log").read_text()
+    properties = {row[0] for row in harness.spark.sql(f"show tblproperties silver.{topic.table}").collect()}
+    assert "cdclake.refresh_pending" not in properties
+    if then == "back":
+        assert harness.history(topic) == topic.expected_history()
+    else:
+        assert harness.silver(topic) == {2: "boom", 3: "c"}
+    harness.land(topic, [Change(D, 3, 6)], tmp_path)
+    assert harness.build(topic)
+    if then == "back":
+        assert harness.history(topic) == topic.expected_history()
+    else:
+        assert harness.silver(topic) == {2: "boom"}
+
+
 def test_a_moved_keys_soft_delete_marker_holds_no_computed_values(harness: SilverHarness, tmp_path: Path) -> None:
     """Keys read from the images (a table without a primary key): an update that moves its row to another key also
     deletes the old key, as a copy of the update with no `after`. Columns the model computes kept the update's

@@ -72,13 +72,27 @@
       (`create or replace table ... as select`), so readers see the old table until the new one is there, and a
       rebuild that fails leaves the old one. -#}
   {%- set replacing = existing is not none and should_full_refresh() -%}
+  {%- set properties = cdclake.table_properties(target) if existing is not none else {} -%}
+  {#- A rebuild that changes history or delete_mode replaces tables of different columns one after the other: one
+      killed (or failed) between them leaves them unlike each other, and the old table's properties describe
+      neither. It marks silver first and unmarks it last (forget_replaced_state); the next run, of either model,
+      finishes it. -#}
+  {%- set pending = properties.get('cdclake.refresh_pending') -%}
+  {%- if pending and not replacing -%}
+    {{ log("cdclake: " ~ identifier ~ ": a --full-refresh of " ~ target ~ " (" ~ pending ~ ") did not finish; rebuilding it from bronze", info=true) }}
+    {%- set replacing = true -%}
+  {%- endif -%}
+  {%- set rebuilt_as = 'history=' ~ history ~ ', delete_mode=' ~ delete_mode -%}
+  {%- if replacing and pending != rebuilt_as and (pending or properties.get('cdclake.history', 'current') != history or properties.get('cdclake.delete_mode', delete_mode) != delete_mode) -%}
+    {% do run_query("alter table " ~ target ~ " set tblproperties ('cdclake.refresh_pending' = '" ~ rebuilt_as ~ "')") %}
+  {%- endif -%}
   {%- if replacing -%}
     {%- set existing = none -%}
+    {%- set properties = {} -%}
   {%- endif -%}
   {%- if existing is none -%}
     {% do run_query('create namespace if not exists ' ~ schema) %}
   {%- endif -%}
-  {%- set properties = cdclake.table_properties(target) if existing is not none else {} -%}
   {%- if existing is not none %}{% do cdclake.apply_model_table_properties(target, properties) %}{% endif -%}
   {%- if existing is not none and properties.get('cdclake.history', 'current') != history -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " was built with history='" ~ properties.get('cdclake.history', 'current') ~ "', the model now says '" ~ history ~ "': rebuild it with --full-refresh") }}
@@ -276,7 +290,7 @@
 -#}
 {% macro forget_replaced_state(target, tombstones, history, delete_mode, kept) -%}
   {%- set stale = [] -%}
-  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before'] + (['cdclake.history'] if history == 'current' else []) + (['cdclake.partition_by'] if config.get('partition_by') is none else []) if name not in kept -%}
+  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before', 'cdclake.refresh_pending'] + (['cdclake.history'] if history == 'current' else []) + (['cdclake.partition_by'] if config.get('partition_by') is none else []) if name not in kept -%}
     {% do stale.append("'" ~ name ~ "'") %}
   {%- endfor -%}
   {%- if stale %}{% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}{% endif -%}
