@@ -266,7 +266,7 @@ def test_switching_delete_mode_needs_a_full_refresh(harness: SilverHarness, tmp_
     assert harness.silver(topic, "_cdc_deleted") == {1: "a"}  # a soft delete keeps the key's last values
 
 
-@pytest.mark.parametrize("then", ["back", "forward"])
+@pytest.mark.parametrize("then", ["back", pytest.param("forward", marks=pytest.mark.slow)])
 def test_a_rebuild_that_switches_history_and_stops_midway_is_finished_by_the_next_run(
     harness: SilverHarness, tmp_path: Path, then: str
 ) -> None:
