@@ -90,7 +90,11 @@ def _parse(data: bytes, part: str) -> tuple[Any, dict[str, Any] | None]:
 
 
 def _check_key_matches(key: Any, payload: Mapping[str, Any]) -> None:
-    """The key's columns must equal the same columns of the row image (catches mis-keyed records)."""
+    """The key's columns must equal the same columns of the row image (catches mis-keyed records).
+
+    Key fields sent as JSON text are not compared: Debezium's ``column.mask.with.N.chars``,
+    ``column.mask.hash.*`` and ``column.truncate.to.N.chars`` change a character column in the value only, never in
+    the key, so a masked key column differs from its image by design."""
     if not isinstance(key, dict):
         return
     image = payload.get("after") if payload.get("op") != "d" else payload.get("before")
@@ -98,6 +102,8 @@ def _check_key_matches(key: Any, payload: Mapping[str, Any]) -> None:
         return
     lowered: dict[str, Any] | None = None
     for name, value in key.items():
+        if isinstance(value, str):
+            continue
         if name in image:
             found = image[name]
         else:  # Debezium docs show key ID vs value id; tolerate case only
