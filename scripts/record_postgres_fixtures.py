@@ -380,7 +380,37 @@ TOAST = Recording(
 # of the placeholder to itself (DBZ-7582). Same final state as `toast` (toast_expected_final_state.json).
 TOAST_HSTORE_MAP = replace(TOAST, stem="toast_hstore_map", final_state={}, connector={"hstore.handling.mode": "map"})
 
-RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP)}
+# Logical decoding messages (`pg_logical_emit_message`): Debezium sends each to `<topic.prefix>.message` with op `m`,
+# no images, and the message's prefix and content (bytes). One written in a transaction comes at its commit; one
+# written outside any transaction at once.
+ORDERS_TOPIC = f"{TOPIC_PREFIX}.inventory.orders"
+MESSAGE_TOPIC = f"{TOPIC_PREFIX}.message"
+MESSAGES = Recording(
+    stem="messages",
+    ddl="CREATE SCHEMA inventory; CREATE TABLE inventory.orders (id integer PRIMARY KEY, item text NOT NULL);",
+    snapshot=("INSERT INTO inventory.orders VALUES (1, 'first')",),
+    snapshot_expected={ORDERS_TOPIC: 1},
+    steps=(
+        Step(
+            "message_in_a_transaction",
+            (
+                "INSERT INTO inventory.orders VALUES (2, 'second')",
+                "SELECT pg_logical_emit_message(true, 'outbox', 'order 2 placed')",
+            ),
+            _tx({ORDERS_TOPIC: 1, MESSAGE_TOPIC: 1}),
+            "INSERT orders id=2 -> c; a transactional message (prefix outbox) -> m, at the commit",
+        ),
+        Step(
+            "message_outside_transactions",
+            ("SELECT pg_logical_emit_message(false, 'audit', '\\x00ff'::bytea)",),
+            {MESSAGE_TOPIC: 1},
+            "a non-transactional message (prefix audit, two bytes that are not UTF-8) -> m",
+        ),
+    ),
+    final_state={"orders": "SELECT id, item FROM inventory.orders ORDER BY id"},
+)
+
+RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES)}
 
 # --------------------------------------------------------------------------- PostgreSQL
 

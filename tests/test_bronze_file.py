@@ -17,6 +17,7 @@ from pyiceberg.table.snapshots import Operation
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import (
+    KIND_PROPERTY,
     LAYOUT_PROPERTY,
     LAYOUT_PROVISIONAL_PROPERTY,
     OFFSETS_PROPERTY,
@@ -37,6 +38,7 @@ from tests.conftest import FIXTURES, file_pipeline, ingest_file, make_settings, 
 from tests.kafka_fixtures import bronze_coordinates
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+PG_MESSAGES_DUMP = FIXTURES / "debezium" / "postgres" / "messages.jsonl"
 
 
 def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
@@ -69,6 +71,29 @@ def test_real_postgres_stream_lands_once(lakehouse: Path) -> None:
     assert decode_offsets(table.properties[OFFSETS_PROPERTY]) == {("dbserver1.inventory.customers", 0): expected}
     # Offsets are also in the summary of the snapshot that wrote the data.
     assert OFFSETS_PROPERTY in table.current_snapshot().summary.additional_properties
+
+
+def test_logical_decoding_messages_land_in_a_table_of_their_own(lakehouse: Path) -> None:
+    """Debezium's PostgreSQL connector sends pg_logical_emit_message's messages (op m: a prefix and bytes, no
+    images) to `<topic.prefix>.message`, which a topic_pattern for the server's topics takes in. Each was a dead
+    letter (unknown op 'm'); they land now, typed, in a table whose kind says they are not changes (silver's
+    scaffold leaves it out). Real Debezium 3.6 output."""
+    settings = make_settings(lakehouse)
+    ingest_file(settings, PG_MESSAGES_DUMP, max_records=2)
+    assert not load_catalog(settings).table_exists(f"bronze.{DEAD_LETTER_TABLE}")
+    table = load_catalog(settings).load_table("bronze.dbserver1_message")
+    assert table.properties[KIND_PROPERTY] == "message"
+    messages = sorted(rows(settings, "dbserver1_message"), key=lambda r: r["_cdc_offset"])
+    assert [(m["key"]["prefix"], m["op"], m["message"]) for m in messages] == [
+        ("outbox", "m", {"prefix": "outbox", "content": b"order 2 placed"}),
+        ("audit", "m", {"prefix": "audit", "content": b"\x00\xff"}),
+    ]
+    assert messages[0]["transaction"]["total_order"] == 2
+    assert messages[1]["transaction"] is None
+    assert "_cdc_order" not in table.schema().column_names  # not a change: no position to order by
+    orders = rows(settings, "dbserver1_inventory_orders")
+    assert sorted((r["op"], r["after"]["id"]) for r in orders) == [("c", 2), ("r", 1)]
+    assert ingest_file(settings, PG_MESSAGES_DUMP).stats.written == 0  # a restart lands nothing twice
 
 
 def test_typed_values_become_real_types(lakehouse: Path) -> None:

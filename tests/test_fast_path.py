@@ -175,6 +175,14 @@ def test_real_postgres_toast_stream(poll: int, hstore_map: bool) -> None:
         assert fast_share(records) > 0.9
 
 
+@pytest.mark.parametrize("poll", [5000, 1])
+def test_real_postgres_logical_decoding_messages(poll: int) -> None:
+    """Messages (op m) take the reference path on both (their topic's plan is not eligible), beside the changes."""
+    tables = assert_same(file_records(PG_DUMP.with_name("messages.jsonl")), poll=poll)
+    assert DEAD_LETTER_TABLE not in tables
+    assert tables["dbserver1_message"][0].num_rows == 2
+
+
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
 def test_seed_examples(path: Path) -> None:
     assert_same(file_records(path))

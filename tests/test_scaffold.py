@@ -53,6 +53,18 @@ def test_scaffold_writes_models_and_respects_edits(lakehouse: Path, tmp_path: Pa
     assert "where op is not null" in edited.read_text()
 
 
+def test_a_table_of_logical_decoding_messages_gets_no_model(lakehouse: Path, tmp_path: Path) -> None:
+    """`<topic.prefix>.message` (op m, keyed by the message's prefix) is no table's changes: no silver model."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "messages.jsonl")
+    report = scaffold(tables, tmp_path / "project")
+    assert sorted(p.name for p in report.written) == [
+        "_bronze_sources.yml",
+        "dbserver1_inventory_orders.sql",
+        "dbserver1_inventory_orders.yml",
+    ]
+    assert report.skipped == {}
+
+
 def test_a_table_with_a_model_is_never_scaffolded_again(lakehouse: Path, tmp_path: Path) -> None:
     """Unedited, moved to another folder, or of another history: a model that exists is the user's. (Before,
     an unedited model was rewritten with the run's --history, and the next dbt build asked for --full-refresh;

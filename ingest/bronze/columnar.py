@@ -568,6 +568,8 @@ def make_plan(
             value_fields = {name: index for index, (name, _, _) in enumerate(value.fields)}
             if RESERVED_COLUMNS & value_fields.keys() or "op" not in value_fields or "source" not in value_fields:
                 raise _IneligibleError
+            if "message" in value_fields and not {"before", "after"} & value_fields.keys():
+                raise _IneligibleError  # logical decoding messages (op m) are few: the reference path stores them
             op_node = value.fields[value_fields["op"]][1]
             source_node = value.fields[value_fields["source"]][1]
             if not (isinstance(op_node, _Same) and op_node.raw.equals(pa.string())):

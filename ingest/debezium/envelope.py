@@ -48,6 +48,7 @@ class RecordKind(enum.StrEnum):
     TOMBSTONE = "tombstone"
     TRANSACTION = "transaction"
     SCHEMA_CHANGE = "schema_change"
+    MESSAGE = "message"  # a logical decoding message (PostgreSQL's pg_logical_emit_message): op m, no images
     HEARTBEAT = "heartbeat"
 
 
@@ -150,6 +151,8 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
         return Envelope(RecordKind.TOMBSTONE, key, key_schema, None, None, None)
     if not isinstance(payload, dict):
         raise DecodeError(f"value: expected a JSON object, got {type(payload).__name__}")
+    if payload.get("op") == "m":
+        return Envelope(RecordKind.MESSAGE, key, key_schema, payload, value_schema, None)
     if "op" in payload:
         _validate_change(payload)
         _check_key_matches(key, payload)
