@@ -299,6 +299,10 @@ class Pipeline:
             self._provisional.discard(name)
             if self._layouts.get(name) != row_layout.value:
                 self._schemas[name], self._layouts[name], self._seen_schemas[name] = None, None, set()
+            elif name in self._undecided_tombstones:
+                # The layout stands: the tombstones that waited for this record go first, in offset order (left
+                # for the flush, they came after it and moved the partition's stored offset back below it).
+                self._buffer_undecided_tombstones(name)
         seen = self._seen_schemas.setdefault(name, set())
         if id(schema) in seen:
             return
@@ -689,7 +693,8 @@ class Pipeline:
         if all(schema is not row.schema for schema in batch.schemas):
             batch.schemas.append(row.schema)
         batch.rows.append(row.row)
-        batch.offsets[(record.topic, record.partition)] = record.offset + 1
+        tp = (record.topic, record.partition)
+        batch.offsets[tp] = max(batch.offsets.get(tp, 0), record.offset + 1)  # never back below a row buffered
 
     def _with_known_schema(self, topic: str, envelope: Envelope) -> Envelope:
         """A record without a schema on a topic whose records had one is read with the topic's last schema.
@@ -726,13 +731,13 @@ class Pipeline:
             batch = self._buffer[DEAD_LETTER_TABLE] = TableBatch(DEAD_LETTER_TABLE, Layout.TYPED, DEAD_LETTER_KIND)
             batch.schemas.append(DEAD_LETTER_SCHEMA)
         batch.rows.append(dead_letter_row(record, self.tables.identifier(name), error, ingested_at))
-        batch.offsets[tp] = record.offset + 1
+        batch.offsets[tp] = max(batch.offsets.get(tp, 0), record.offset + 1)
         self.stats.dead_letters += 1
         self.metrics.dead_letters.labels(record.topic).inc()
         # The data table's offset must also move past this record once it commits, or a restart re-reads it.
         data_batch = self._buffer.get(name)
         if data_batch is not None and tp in data_batch.offsets:
-            data_batch.offsets[tp] = record.offset + 1
+            data_batch.offsets[tp] = max(data_batch.offsets[tp], record.offset + 1)
         self._note_buffered(record)
 
     def _skip(self, reason: str) -> None:

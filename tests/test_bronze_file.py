@@ -929,6 +929,31 @@ def test_a_flush_of_tombstones_alone_lays_its_table_out_until_a_change_comes(
     ]
 
 
+@pytest.mark.parametrize("changes", [2, 12], ids=["per-record", "fast-path"])
+def test_tombstones_that_waited_for_a_change_of_the_same_layout_never_move_the_offset_back(
+    lakehouse: Path, tmp_path: Path, changes: int
+) -> None:
+    """A compacted topic whose first records are tombstones, alone in a flush, then a tombstone and changes, keys
+    and values converted alike (the usual set-up): the waiting tombstone was buffered at the flush, after the
+    changes, and the partition's stored offset went back to just past it. The next run read the changes again and
+    landed them twice."""
+    settings = make_settings(lakehouse)
+    typed_key: dict[str, Any] = {"schema": {"type": "struct", "fields": [ID]}, "payload": key(1)}
+    ingest_file(settings, write_dump(tmp_path / "tombstones.jsonl", [("p.s.t", n, typed_key, None) for n in (5, 6)]))
+    rest: list[tuple[str, int, Any, Any]] = [("p.s.t", 7, typed_key, None)]
+    rest += [
+        ("p.s.t", 8 + n, typed_key, schema_record([ID, NAME], {"id": 1, "name": f"a{n}"}, 20 + n, "u"))
+        for n in range(changes)
+    ]
+    dump = write_dump(tmp_path / "changes.jsonl", rest)
+    ingest_file(settings, dump, max_records=100)
+    table = load_catalog(settings).load_table("bronze.p_s_t")
+    assert decode_offsets(table.properties[OFFSETS_PROPERTY]) == {("p.s.t", 0): 8 + changes}
+    assert LAYOUT_PROVISIONAL_PROPERTY not in table.properties
+    assert ingest_file(settings, dump).stats.written == 0  # a restart reads nothing again
+    assert sorted(row["_cdc_offset"] for row in rows(settings, "p_s_t")) == list(range(5, 8 + changes))
+
+
 @pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
 def test_tombstones_laid_out_before_another_writer_laid_their_table_out_again_still_land(
     lakehouse: Path, tmp_path: Path, typed_values: bool
