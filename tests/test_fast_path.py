@@ -183,6 +183,52 @@ def test_real_postgres_logical_decoding_messages(poll: int) -> None:
     assert tables["dbserver1_message"][0].num_rows == 2
 
 
+def without_transaction_blocks(records: list[RawRecord]) -> list[RawRecord]:
+    """``records`` as a connector with provide.transaction.metadata off sends them: no transaction block."""
+    out = []
+    for record in records:
+        document = orjson.loads(record.value) if record.value else None
+        if isinstance(document, dict) and isinstance(document.get("payload"), dict) and "op" in document["payload"]:
+            document["payload"]["transaction"] = None
+            record = record._replace(value=orjson.dumps(document))
+        out.append(record)
+    return out
+
+
+@pytest.mark.parametrize("source", ["oracle", "mongodb", "informix"])
+def test_changes_without_their_place_in_a_transaction_are_warned_about_on_both_paths(
+    source: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Oracle, MongoDB and Informix changes of one transaction can share a position; without transaction metadata
+    such ties fall to the op, and a delete and re-insert of one key in one transaction leaves it deleted. Each
+    path warns once per connector, naming the setting; never with the metadata on, nor for snapshot reads."""
+    import ingest.debezium.ordering as ordering_module
+
+    records = [r for r in fake_records(source, 3, 1) if not r.topic.endswith(".transaction")]
+    snapshot_reads = [r for r in records if r.value and b'"op":"r"' in r.value.replace(b" ", b"")]
+    assert snapshot_reads
+    message = f"connector {source}: streamed changes carry no transaction block"
+    for with_metadata, expected in ((records, False), (without_transaction_blocks(snapshot_reads), False)):
+        monkeypatch.setattr(ordering_module, "_UNPLACED_CONNECTORS", set())
+        caplog.clear()
+        fast_share(with_metadata)
+        for record in with_metadata:
+            decode(record)
+        assert (message in caplog.text) is expected
+    unplaced = without_transaction_blocks(records)
+    for path in ("fast", "reference"):
+        monkeypatch.setattr(ordering_module, "_UNPLACED_CONNECTORS", set())
+        caplog.clear()
+        if path == "fast":
+            assert fast_share(unplaced) > (0.0 if source == "mongodb" else 0.8)
+        else:
+            for record in unplaced:
+                decode(record)
+        assert caplog.text.count(message) == 1, path
+        assert "provide.transaction.metadata=true" in caplog.text
+    assert_same(unplaced)
+
+
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
 def test_seed_examples(path: Path) -> None:
     assert_same(file_records(path))

@@ -41,7 +41,7 @@ from ingest.bronze.rows import (
 )
 from ingest.debezium import types as connect
 from ingest.debezium.envelope import HEARTBEAT_PREFIX, RawRecord, RecordKind, SchemaSplitter
-from ingest.debezium.ordering import ORDERINGS, TRANSACTION_ORDERED
+from ingest.debezium.ordering import ORDERINGS, TRANSACTION_ORDERED, note_unplaced_change
 from ingest.errors import DecodeError
 
 log = logging.getLogger(__name__)
@@ -699,6 +699,23 @@ def _total_order(transaction: Any, transaction_node: Node | None, length: int) -
     return _integer_position(transaction.flatten()[names.index("total_order")])
 
 
+def _unplaced(connector: str, transaction: Any, source: dict[str, Any], length: int) -> bool:
+    """Whether a row of ``connector`` belongs to a transaction but has no transaction block
+    (``ordering.in_transaction``; ``source``: the source block's columns by name)."""
+    unplaced = pc.is_null(transaction) if transaction is not None else pa.array([True] * length)
+    if connector == "mongodb":
+        txn_number = source.get("txnNumber")
+        return txn_number is not None and bool(pc.any(pc.and_(unplaced, pc.is_valid(txn_number))).as_py())
+    snapshot = source.get("snapshot")
+    if snapshot is not None:
+        if pa.types.is_boolean(snapshot.type):
+            streamed = pc.invert(pc.fill_null(snapshot, False))
+        else:
+            streamed = pc.fill_null(pc.equal(snapshot.cast(pa.string()), "false"), True)
+        unplaced = pc.and_(unplaced, streamed)
+    return bool(pc.any(unplaced).as_py())
+
+
 def _ordering(
     source: Any, source_node: _Struct, transaction: Any = None, transaction_node: Node | None = None
 ) -> tuple[Any, Mask]:
@@ -731,6 +748,8 @@ def _ordering(
                 component, component_bad = _total_order(transaction, transaction_node, length)
                 components.append(component)
                 position_bad = _or(position_bad, component_bad)
+                if _unplaced(distinct[0], transaction, children, length):
+                    note_unplaced_change(distinct[0])
         return _list_column(components, length), _or(bad, position_bad)
     # Other connectors (hex LSNs, binlog names) or a mix: the reference's functions, per row.
     wanted = {name for connector_fields in _POSITION_FIELDS.values() for name in connector_fields}
@@ -744,6 +763,11 @@ def _ordering(
     places, places_bad = _total_order(transaction, transaction_node, length)
     bad = _or(bad, places_bad)
     place = places.to_pylist()
+    for name in TRANSACTION_ORDERED & set(distinct):  # a mix of connectors in one group: rare, checked alike
+        rows = pc.fill_null(pc.equal(connector, name), False)
+        picked = {field: child.filter(rows) for field, child in children.items()}
+        if _unplaced(name, None if transaction is None else transaction.filter(rows), picked, len(picked["connector"])):
+            note_unplaced_change(name)
     orders: list[list[int] | None] = []
     bad_rows: list[int] = []
     for row in range(length):

@@ -169,6 +169,35 @@ _UNKNOWN_CONNECTORS: set[str] = set()  # warned about once each
 # their order instead of falling to the op tie-break.
 TRANSACTION_ORDERED = frozenset({"oracle", "mongodb", "informix"})
 
+_UNPLACED_CONNECTORS: set[str] = set()  # warned about once each (note_unplaced_change)
+
+
+def note_unplaced_change(connector: str) -> None:
+    """Warn, once per connector, that a streamed change of a connector in TRANSACTION_ORDERED came without its
+    place in its transaction: with provide.transaction.metadata off, ties inside a transaction fall to the op."""
+    if connector in _UNPLACED_CONNECTORS:
+        return
+    _UNPLACED_CONNECTORS.add(connector)
+    log.warning(
+        "connector %s: streamed changes carry no transaction block (the connector's provide.transaction.metadata "
+        "is off): changes of one transaction can share a position, and silver then orders them by op "
+        "(r < c < u < d), so a delete and re-insert of one key in one transaction leaves the key deleted; set "
+        "provide.transaction.metadata=true on the connector",
+        connector,
+    )
+
+
+def in_transaction(connector: str, source: Mapping[str, Any]) -> bool:
+    """Whether the change belongs to a transaction, so that provide.transaction.metadata gives it a transaction
+    block: every streamed change of Oracle and Informix (snapshot reads have none, with the metadata or without;
+    ``source.snapshot`` is text, or a boolean on early connectors); for MongoDB, one of a multi-document
+    transaction (``source.txnNumber``; a single-document change has no block either way)."""
+    if connector == "mongodb":
+        return source.get("txnNumber") is not None
+    snapshot = source.get("snapshot")
+    return snapshot is None or snapshot is False or snapshot == "false"
+
+
 # How silver breaks ties on equal positions: a snapshot read is older than a change at the same position.
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
 
@@ -221,5 +250,8 @@ def ordering(source: Any, transaction: Any = None, offset: int = MISSING) -> Pos
             )
         return [offset]
     if connector in TRANSACTION_ORDERED:
-        return [*compute(source), total_order(transaction, connector)]
+        place = total_order(transaction, connector)
+        if place == MISSING and transaction is None and in_transaction(connector, source):
+            note_unplaced_change(connector)
+        return [*compute(source), place]
     return compute(source)
