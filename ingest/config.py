@@ -46,6 +46,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The one cdclake installs; a bare postgresql:// is given it (SQLAlchemy 2.1 would take psycopg 3, not installed).
+_POSTGRES_DRIVERS = frozenset({"psycopg2"})
+
+
 class LakehouseSettings(_Section):
     """Where the Iceberg tables live. Spark, pyiceberg and dbt all derive their settings from this block."""
 
@@ -55,7 +59,8 @@ class LakehouseSettings(_Section):
         description="pyiceberg SQL-catalog URI (SQLAlchemy form): sqlite:////abs/catalog.db or "
         "postgresql+psycopg2://user:password@host:5432/db. Spark gets the JDBC equivalent, with the "
         "connection parameters (?sslmode=, sslrootcert=, options=, ...) translated; one it cannot translate "
-        "is an error.",
+        "is an error. Only these two databases (PostgreSQL through psycopg2, which a bare postgresql:// gets too), "
+        "and not an in-memory SQLite database, which Spark cannot share.",
     )
     catalog_name: str = Field(
         default="lake",
@@ -75,14 +80,38 @@ class LakehouseSettings(_Section):
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError
 
+        text = value.get_secret_value()
         try:
-            make_url(value.get_secret_value())
+            url = make_url(text)
         except (ArgumentError, ValueError):
             # Without the text: it holds the password.
             raise ValueError(
                 "not a valid SQLAlchemy URI (sqlite:////abs/catalog.db or "
                 "postgresql+psycopg2://user:password@host:5432/db; the port must be a number)"
             ) from None
+        # Messages below never quote the URI either. Names from the text: asking SQLAlchemy for the driver loads it.
+        backend, _, driver = url.drivername.partition("+")
+        if backend == "sqlite":
+            if url.database in (None, "", ":memory:"):
+                raise ValueError(
+                    "an in-memory SQLite catalog is not shared with Spark and is lost when the process ends: "
+                    "give a file (sqlite:////abs/catalog.db)"
+                )
+        elif backend == "postgresql":
+            if driver and driver not in _POSTGRES_DRIVERS:
+                raise ValueError(
+                    f"PostgreSQL driver {driver!r} is not supported: use postgresql+psycopg2://user:password@host/db"
+                )
+            if text.partition("://")[2].split("/", 1)[0].count("@") > 1:
+                raise ValueError(
+                    "the part before the host holds more than one '@': percent-encode an '@' in the user name or "
+                    "password as %40"
+                )
+        else:
+            raise ValueError(
+                f"catalog database {url.drivername!r} is not supported: use sqlite:////abs/catalog.db or "
+                "postgresql+psycopg2://user:password@host:5432/db"
+            )
         return value
 
 
@@ -186,6 +215,8 @@ class SourceSettings(_Section):
             raise ValueError("source.path is required when source.type is 'file'")
         if self.type == "kafka" and not (self.topics or self.topic_pattern):
             raise ValueError("source.topics or source.topic_pattern is required when source.type is 'kafka'")
+        if self.type == "kafka" and not self.bootstrap_servers.strip(" ,"):
+            raise ValueError("source.bootstrap_servers is empty: name at least one broker (host:port)")
         if self.topics and self.topic_pattern:
             raise ValueError("set source.topics or source.topic_pattern, not both")
         return self

@@ -44,17 +44,29 @@ def pyiceberg_uri(settings: Settings) -> str:
     """The SQLAlchemy URI, with a relative SQLite path made absolute against the config file's folder."""
     uri = settings.lakehouse.catalog_uri.get_secret_value()
     url = make_url(uri)
-    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_absolute():
+    if url.drivername == "postgresql":  # SQLAlchemy 2.1's default driver is psycopg 3; cdclake installs psycopg2
+        return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    if url.get_backend_name() == "sqlite" and url.database:
+        if Path(url.database).is_absolute():
+            _make_folder(Path(url.database).parent, "lakehouse.catalog_uri", "the SQLite catalog's folder")
+            return uri
         database = settings.resolve(url.database)
-        database.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(database.parent, "lakehouse.catalog_uri", "the SQLite catalog's folder")
         return f"sqlite:///{database}"
     return uri
+
+
+def _make_folder(path: Path, setting: str, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot create {what} {path}: {exc.strerror or exc}") from None
 
 
 def catalog_properties(settings: Settings) -> dict[str, str]:
     warehouse = warehouse_uri(settings)
     if warehouse.startswith("file:"):
-        Path(warehouse.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        _make_folder(Path(warehouse.removeprefix("file://")), "lakehouse.warehouse", "the warehouse folder")
     return {"uri": pyiceberg_uri(settings), "warehouse": warehouse}
 
 

@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ingest.errors import ConfigError
+
 
 class IngestMetrics:
     """One registry per pipeline, so tests (and several pipelines in one process) never share counters."""
@@ -89,7 +91,10 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 return None
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        try:
+            self.server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as exc:
+            raise ConfigError(f"ingest.metrics_port: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, name="metrics", daemon=True)
 

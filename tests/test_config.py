@@ -590,3 +590,65 @@ def test_the_demo_writes_a_config_its_suggested_commands_can_use(tmp_path: Path)
     written = load_settings(tmp_path / "lakehouse" / "cdclake-demo.yml", environ={})
     assert project_dir(written) == project
     assert written.lakehouse.warehouse == str(tmp_path / "lakehouse" / "warehouse")
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("postgres://iceberg:S3cretPw99@db/iceberg", r"catalog database 'postgres' is not supported: use sqlite"),
+        ("mysql://iceberg:S3cretPw99@db/iceberg", r"catalog database 'mysql' is not supported"),
+        ("postgresql+pg8000://iceberg:S3cretPw99@db/iceberg", r"PostgreSQL driver 'pg8000' is not supported"),
+        (
+            "postgresql+psycopg2://iceberg:Sec@ret99@db/iceberg",
+            r"the part before the host holds more than one '@': percent-encode an '@' .* %40",
+        ),
+        ("sqlite://", r"an in-memory SQLite catalog is not shared with Spark"),
+        ("sqlite:///:memory:", r"an in-memory SQLite catalog"),
+    ],
+)
+def test_a_catalog_uri_cdclake_cannot_use_is_named_at_load(tmp_path: Path, uri: str, message: str) -> None:
+    """Each of these failed later: a traceback from SQLAlchemy (an unknown dialect or a driver not installed), a
+    host name holding the end of the password (an unencoded '@'), or a catalog each connection saw empty."""
+    with pytest.raises(ConfigError, match=rf"lakehouse\.catalog_uri: Value error, {message}") as failure:
+        load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{uri}'\n"), environ={})
+    assert "S3cretPw99" not in str(failure.value)
+    assert "ret99" not in str(failure.value)
+
+
+def test_a_bare_postgresql_uri_gets_the_installed_driver(tmp_path: Path) -> None:
+    """SQLAlchemy 2.1 reads postgresql:// as psycopg 3, which cdclake does not install; pyiceberg gets psycopg2."""
+    from ingest.lakehouse import pyiceberg_uri
+
+    settings = load_settings(write(tmp_path, "lakehouse:\n  catalog_uri: postgresql://iceberg:pw%40x@db/cat\n"), {})
+    assert pyiceberg_uri(settings) == "postgresql+psycopg2://iceberg:pw%40x@db/cat"
+
+
+def test_an_empty_bootstrap_servers_is_named(tmp_path: Path) -> None:
+    """An empty value (a variable set to nothing) left the client no broker to ask: --once waited 5 minutes."""
+    path = write(tmp_path, "source:\n  topics: [t]\n")
+    with pytest.raises(ConfigError, match=r"source\.bootstrap_servers is empty"):
+        load_settings(path, environ={"CDCLAKE__SOURCE__BOOTSTRAP_SERVERS": ""})
+
+
+def test_folders_and_ports_that_cannot_be_used_name_their_setting(tmp_path: Path) -> None:
+    """A warehouse or SQLite catalog folder that cannot be created, and a metrics port in use, printed a Python
+    traceback (exit status 1)."""
+    import socket
+
+    from ingest.lakehouse import catalog_properties
+    from ingest.metrics import IngestMetrics, MetricsServer
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    settings = load_settings(write(tmp_path, f"lakehouse:\n  warehouse: {blocked}/wh\n"), environ={})
+    with pytest.raises(ConfigError, match=rf"^lakehouse\.warehouse: cannot create the warehouse folder {blocked}/wh"):
+        catalog_properties(settings)
+    text = f"lakehouse:\n  warehouse: {tmp_path}/wh\n  catalog_uri: sqlite:///{blocked}/catalog.db\n"
+    with pytest.raises(ConfigError, match=r"^lakehouse\.catalog_uri: cannot create the SQLite catalog's folder"):
+        catalog_properties(load_settings(write(tmp_path, text), environ={}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^ingest\.metrics_port: cannot serve on .*:{port}: "):
+            MetricsServer(IngestMetrics(), port, 60.0, host="127.0.0.1")

@@ -592,6 +592,37 @@ def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
         assert bronze_coordinates(settings) == landed
 
 
+def test_once_gives_up_when_no_broker_answers_and_the_client_reports_nothing(lakehouse: Path) -> None:
+    """SASL/OAUTHBEARER with no token source: librdkafka waits for a token and reports no error, so the run waited
+    for the group join's deadline (over 5 minutes) and then blamed the consumer group. It now gives up after
+    ingest.unhealthy_after_s, naming the servers and the security settings to check."""
+    import subprocess
+
+    from tests.processes import cdclake_command
+
+    source = {
+        "type": "kafka",
+        "bootstrap_servers": "127.0.0.1:1",
+        "topics": ["dbserver1.inventory.customers"],
+        "group_id": unique("cdclake-test-"),
+        "consumer": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"},
+    }
+    make_settings(lakehouse, source=source, ingest={"unhealthy_after_s": 3})
+    started = time.monotonic()
+    done = subprocess.run(
+        [cdclake_command(), "--config", str(lakehouse / "cdclake.yml"), "--log-format", "text", "ingest", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 30
+    assert "error: kafka: no broker answered a metadata request in " in done.stderr
+    assert "(ingest.unhealthy_after_s: 3)" in done.stderr
+    assert "bootstrap_servers: 127.0.0.1:1; check them and the security settings in source.consumer" in done.stderr
+
+
 def test_once_gives_up_on_a_cluster_it_cannot_reach(lakehouse: Path) -> None:
     """`--once` against a cluster no broker of which answers waited for ever (the service rightly does: librdkafka
     reconnects and /healthz says why), so a scheduled run hung instead of failing. It now gives up after

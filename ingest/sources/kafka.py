@@ -449,6 +449,17 @@ class KafkaSource:
         While it has some, the join is waited for; past the join deadline ``once`` gives up with an error (it would
         otherwise exit as if it had read everything), the service warns and goes on waiting."""
         waited = time.monotonic() - self._join_started_at
+        if once and not self._subscribed_known and self.give_up_after_s is not None and waited >= self.give_up_after_s:
+            # No broker answered, and the client reported no error either (no broker named, a SASL mechanism
+            # waiting for a token, a proxy that accepts and stays silent): what error_cb would have ended.
+            self._held_elsewhere()  # a metadata request
+            if not self._subscribed_known:
+                raise ClusterUnreachableError(
+                    f"kafka: no broker answered a metadata request in {waited:.0f}s, and the client reported no "
+                    f"error; --once gave up (ingest.unhealthy_after_s: {self.give_up_after_s:g}). "
+                    f"bootstrap_servers: {self.settings.bootstrap_servers}; check them and the security settings "
+                    "in source.consumer (security.protocol, sasl.*, ssl.*)"
+                )
         if waited < JOIN_GRACE_S:
             return False
         pending = self._held_elsewhere()  # nothing assigned yet: every partition of the subscription
