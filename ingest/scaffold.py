@@ -184,10 +184,24 @@ def table_keys(tables: BronzeTables, name: str) -> tuple[list[str] | None, str |
     return [field.name for field in key_type.fields], topic, ""  # type: ignore[attr-defined]
 
 
-def declared_sources(models: Path, namespace: str) -> set[str]:
+def model_paths(project_dir: Path) -> list[Path]:
+    """The project's model folders (dbt_project.yml's ``model-paths``, dbt's default ``models``): the first takes
+    the new models; a model or source anywhere in any of them counts."""
+    try:
+        project = yaml.safe_load((project_dir / "dbt_project.yml").read_text())
+    except (OSError, yaml.YAMLError):
+        project = None  # dbt reports a broken project file; scaffold writes where dbt looks by default
+    paths = project.get("model-paths") if isinstance(project, dict) else None
+    if not (isinstance(paths, list) and paths and all(isinstance(path, str) for path in paths)):
+        paths = ["models"]
+    return [project_dir / path for path in paths]
+
+
+def declared_sources(models: list[Path], namespace: str) -> set[str]:
     """The tables of source ``namespace`` that the YAML files under ``models`` declare."""
     declared: set[str] = set()
-    for path in sorted([*models.rglob("*.yml"), *models.rglob("*.yaml")]):
+    files = [path for folder in models for pattern in ("*.yml", "*.yaml") for path in folder.rglob(pattern)]
+    for path in sorted(files):
         try:
             document = yaml.safe_load(path.read_text())
         except yaml.YAMLError:
@@ -209,12 +223,13 @@ def scaffold(
     names = [name for name in tables.list_tables() if name != DEAD_LETTER_TABLE]
     report.tables = names
     report.selected = [name for name in names if not select or fnmatch.fnmatch(name, select)]
-    models = project_dir / "models" / "silver"
+    folders = model_paths(project_dir)
+    models = folders[0] / "silver"
     namespace = tables.namespace
     sources = models / f"_{namespace}_sources.yml"
     _write(sources, yaml.safe_dump(sources_yaml(names, namespace), sort_keys=False), "#", report)
-    modelled = {path.stem for path in (project_dir / "models").rglob("*.sql")}
-    declared = declared_sources(project_dir / "models", namespace)
+    modelled = {path.stem for folder in folders for path in folder.rglob("*.sql")}
+    declared = declared_sources(folders, namespace)
     for name in report.selected:
         if name in modelled:
             report.existing.append(name)

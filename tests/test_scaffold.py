@@ -65,6 +65,24 @@ def test_a_table_of_logical_decoding_messages_gets_no_model(lakehouse: Path, tmp
     assert report.skipped == {}
 
 
+def test_scaffold_writes_into_the_projects_model_paths(lakehouse: Path, tmp_path: Path) -> None:
+    """A project whose dbt_project.yml says `model-paths: [src, more]`: models went to models/silver, which dbt
+    never reads, and a model under `more/` was written again. The first path takes them; all count as modelled."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    (project / "more").mkdir(parents=True)
+    (project / "dbt_project.yml").write_text("name: mine\nconfig-version: 2\nmodel-paths: [src, more]\n")
+    (project / "more" / "dbserver1_inventory_typed_values.sql").write_text("select 1\n")
+    report = scaffold(tables, project)
+    assert sorted(str(p.relative_to(project)) for p in report.written) == [
+        "src/silver/_bronze_sources.yml",
+        "src/silver/dbserver1_inventory_customers.sql",
+        "src/silver/dbserver1_inventory_customers.yml",
+    ]
+    assert report.existing == ["dbserver1_inventory_typed_values"]
+    assert not (project / "models").exists()
+
+
 def test_a_table_with_a_model_is_never_scaffolded_again(lakehouse: Path, tmp_path: Path) -> None:
     """Unedited, moved to another folder, or of another history: a model that exists is the user's. (Before,
     an unedited model was rewritten with the run's --history, and the next dbt build asked for --full-refresh;
@@ -109,7 +127,7 @@ def test_a_new_table_missing_from_an_edited_sources_file_is_reported(lakehouse: 
 def declared(sources: Path) -> set[str]:
     from ingest.scaffold import declared_sources
 
-    return declared_sources(sources.parent, "bronze")
+    return declared_sources([sources.parent], "bronze")
 
 
 def test_scaffold_select_pattern(lakehouse: Path, tmp_path: Path) -> None:

@@ -1258,7 +1258,7 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     names = [f"bad_options_{i}" for i in range(len(BAD_OPTIONS))]
     for name, config in zip(names, BAD_OPTIONS, strict=True):
         harness.write_model(topic, config, name=name)
-    config = "delete_mod='soft', unique_key='v', file_format='delta', contract={'enforced': true}"
+    config = "delete_mod='soft', key=['v'], unique_key='v', file_format='delta', contract={'enforced': true}"
     config += ", tblproperties={'format-version': 3}"
     harness.write_model(topic, config, name="bad_options_typo")
     log = harness.project / "logs" / "dbt.log"
@@ -1271,6 +1271,8 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         "cdc_silver model 'bad_options_typo': config 'delete_mod' is not a cdc_silver option and is ignored; "
         "did you mean 'delete_mode'?"
     ) in message
+    # `key`, shorter than the names compared otherwise (it was ignored without a word).
+    assert "config 'key' is not a cdc_silver option and is ignored; did you mean 'keys'?" in message
     # dbt-spark's configs that a dbt user may give a cdc_silver model by habit: ignored, each said so.
     assert (
         "cdc_silver model 'bad_options_typo': config 'unique_key' does not apply to cdc_silver and is ignored: "

@@ -779,6 +779,19 @@ def test_a_full_refresh_that_fails_leaves_the_old_table(harness: SilverHarness, 
     assert harness.documents(topic) == built
 
 
+def test_columns_options_on_documents_fail_naming_what_to_do(harness: SilverHarness, tmp_path: Path) -> None:
+    """`exclude_columns=['ssn']` on a MongoDB model was ignored without a word: silver kept the whole document,
+    the field the user meant to leave out included. It fails the run now, saying to select fields instead."""
+    topic = harness.mongo_topic("document_columns")
+    harness.land(topic, [MongoChange(C, 1, 100, after=ANNE)], tmp_path)
+    harness.write_model(topic, "exclude_columns=['ssn']")
+    assert not harness.build(topic)
+    log = (harness.project / "logs" / "dbt.log").read_text()
+    assert f"cdc_silver model '{topic.table}': exclude_columns picks columns of typed images, but bronze table " in log
+    assert "kept whole in _cdc_document; select the fields to keep in the model's SQL instead" in log
+    assert not harness.has_silver(topic)
+
+
 @pytest.mark.parametrize("config", ["history='scd2'", "delete_mode='soft'"])
 def test_an_excluded_change_is_left_out_of_the_fold(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     """A history or soft deletes fold every update: an update with no document before it fails every run, a later

@@ -86,7 +86,12 @@
   {%- set reading = cdclake.key_reading(bronze, keys, types, key_fields) -%}
   {%- set key_exprs = reading.exprs -%}
   {%- set image_columns = [] -%}
-  {%- if not document -%}
+  {%- if document -%}
+    {#- Documents (MongoDB, schemaless images) are kept whole in _cdc_document: the options would be ignored. -#}
+    {%- for option in ['columns', 'exclude_columns'] if config.get(option) -%}
+      {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ option ~ " picks columns of typed images, but bronze table " ~ bronze ~ " holds each image as one JSON document (MongoDB, or schemas.enable=false), kept whole in _cdc_document; select the fields to keep in the model's SQL instead (get_json_object(after, '$.email') as email)") }}
+    {%- endfor -%}
+  {%- else -%}
     {%- set fields = cdclake.struct_field_names(bronze, 'after') -%}
     {#- Names as Spark takes them: whatever their case. One that names no image column is a typo: said, not ignored. -#}
     {%- set chosen = {} -%}

@@ -76,7 +76,8 @@
     {{ exceptions.warn(prefix ~ "file_format '" ~ config.get('file_format') ~ "' is ignored: silver tables are Iceberg tables") }}
   {%- endif -%}
   {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'batch_catalog', 'history', 'on_schema_change', 'partition_by', 'tblproperties'] -%}
-  {%- for name in cdclake.set_options() if name not in known and name | length >= 4 -%}
+  {#- `key` for `keys` too; below four letters only that one (dbt's own short configs, `alias` and the like, are longer). -#}
+  {%- for name in cdclake.set_options() if name not in known and (name | length >= 4 or name | lower == 'key') -%}
     {#- Names whose lengths differ by more than two are more than two edits apart: not compared. -#}
     {%- for option in known if (name | length - option | length) | abs <= 2 and cdclake.edit_distance(name | lower, option) <= 2 -%}
       {{ exceptions.warn(prefix ~ "config '" ~ name ~ "' is not a cdc_silver option and is ignored; did you mean '" ~ option ~ "'?") }}

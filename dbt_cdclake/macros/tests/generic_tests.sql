@@ -33,6 +33,7 @@
     keeps the first copy), and a key's versions follow one another: each ends where the next starts, or before it
     where a hard delete or a truncate ended it; only the last may be open, and open is current). -#}
 {% test cdclake_keys_unique(model, keys) %}
+  {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
@@ -151,6 +152,7 @@
     that change's values (recompute_value_columns: what an update does not carry is the fold's, not compared).
     `bronze_where`: the condition of the model's own `where`, for a model that reads only some of bronze. -#}
 {% test cdclake_equals_recompute(model, bronze, keys, bronze_where=none) %}
+  {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set compared = cdclake.recompute_value_columns(model, bronze, shape) if execute else [] -%}
@@ -193,6 +195,7 @@
 
 {#- No key whose latest bronze change is a delete is present (as a live row) in silver. -#}
 {% test cdclake_no_deleted_keys(model, bronze, keys, bronze_where=none) %}
+  {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
