@@ -56,6 +56,14 @@ def pyiceberg_uri(settings: Settings) -> str:
     return uri
 
 
+def sqlite_catalog_file(settings: Settings) -> Path | None:
+    """The SQLite catalog's database file (None for a PostgreSQL catalog), resolved as pyiceberg_uri does."""
+    url = make_url(settings.lakehouse.catalog_uri.get_secret_value())
+    if url.get_backend_name() != "sqlite" or not url.database:
+        return None
+    return Path(url.database) if Path(url.database).is_absolute() else settings.resolve(url.database)
+
+
 def _make_folder(path: Path, setting: str, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,10 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.rows import INGESTED_AT_COLUMN
 from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
+from ingest.debezium.envelope import HEARTBEAT_PREFIX
 from ingest.errors import ConfigError
 from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.sources.base import TopicSelection
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,11 @@ class Watermarks(NamedTuple):
 
 # For each asked partition: the broker's watermarks, or the error that prevented reading them.
 WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "Watermarks | Exception"]]
+# When each partition's first record (at its log start) was written; partitions it could not read are left out.
+FirstRecordTimes = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, dt.datetime]]
 # The partitions each topic has, per the cluster's metadata (topics it does not know are left out).
-PartitionLister = Callable[[Sequence[str]], Mapping[str, Sequence[int]]]
+# The partitions of the named topics; of every topic but the internal ones when given None.
+PartitionLister = Callable[[Sequence[str] | None], Mapping[str, Sequence[int]]]
 
 
 @dataclass
@@ -107,6 +112,11 @@ class LakehouseStatus:
     lag_checked: bool  # whether the broker was asked
     # topic -> when the last of those dead letters was landed
     dead_letters_without_table_latest: dict[str, dt.datetime] = field(default_factory=dict)
+    # Topics of the subscription that hold records but have no bronze table (and no dead letter): nothing landed.
+    # topic -> its records in the cluster (the sum over its partitions of high watermark - log start).
+    topics_without_table: dict[str, int] = field(default_factory=dict)
+    # topic -> when its oldest record was written (absent: not known), for --stale-after
+    topics_without_table_since: dict[str, dt.datetime] = field(default_factory=dict)
 
 
 # -- small readers -------------------------------------------------------------------------------------------------
@@ -240,23 +250,23 @@ def kafka_partitions(source: SourceSettings, timeout_s: float = 5.0) -> Partitio
     """A lister of the partitions of topics, from one metadata request (which raises when the cluster does not
     answer: its watermarks are not asked for then, to wait for one timeout, not two)."""
 
-    def list_partitions(topics: Sequence[str]) -> dict[str, list[int]]:
+    def list_partitions(topics: Sequence[str] | None) -> dict[str, list[int]]:
         from confluent_kafka import Consumer
 
         from ingest.sources.kafka import consumer_config
 
-        if not topics:
+        if topics is not None and not topics:
             return {}
         consumer = Consumer(consumer_config(source), logger=_QuietLibrdkafka())
         try:
             metadata = consumer.list_topics(timeout=timeout_s)
         finally:
             consumer.close()
-        wanted = set(topics)
+        wanted = None if topics is None else set(topics)
         return {
             name: sorted(topic.partitions)
             for name, topic in metadata.topics.items()
-            if name in wanted and topic.error is None
+            if (name in wanted if wanted is not None else not name.startswith("__")) and topic.error is None
         }
 
     return list_partitions
@@ -307,6 +317,44 @@ def kafka_watermarks(source: SourceSettings, timeout_s: float = 5.0) -> Watermar
         finally:
             consumer.close()
         return results
+
+    return read
+
+
+def kafka_first_record_times(source: SourceSettings, timeout_s: float = 5.0) -> FirstRecordTimes:
+    """A reader of each partition's first record's timestamp: assigned at its log start, one record each (a
+    consumer of its own, which commits nothing)."""
+
+    def read(partitions: Sequence[TopicPartition]) -> dict[TopicPartition, dt.datetime]:
+        from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer
+        from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+        from ingest.sources.kafka import consumer_config
+
+        found: dict[TopicPartition, dt.datetime] = {}
+        if not partitions:
+            return found
+        consumer = Consumer(consumer_config(source), logger=_QuietLibrdkafka())
+        try:
+            consumer.assign(
+                [KafkaTopicPartition(topic, partition, OFFSET_BEGINNING) for topic, partition in partitions]
+            )
+            deadline = time.monotonic() + timeout_s
+            while len(found) < len(partitions) and (remaining := deadline - time.monotonic()) > 0:
+                message = consumer.poll(min(remaining, 0.5))
+                if message is None or message.error() is not None:
+                    continue
+                topic, partition = message.topic(), message.partition()
+                if topic is None or partition is None:
+                    continue
+                tp = (topic, partition)
+                kind, ms = message.timestamp()
+                if tp not in found and kind != TIMESTAMP_NOT_AVAILABLE and ms >= 0:
+                    found[tp] = _utc_ms(ms)
+                consumer.pause([KafkaTopicPartition(tp[0], tp[1])])  # one record of each is enough
+        finally:
+            consumer.close()
+        return found
 
     return read
 
@@ -426,6 +474,7 @@ def collect_status(
     lag_timeout_s: float = 5.0,
     now: dt.datetime | None = None,
     partitions: PartitionLister | None = None,
+    first_record_times: FirstRecordTimes | None = None,
 ) -> LakehouseStatus:
     """The status of every bronze table (or of ``tables``, names without namespace).
 
@@ -488,6 +537,8 @@ def collect_status(
 
     source = settings.source
     lag_checked = False
+    topics_without_table: dict[str, int] = {}
+    topics_without_table_since: dict[str, dt.datetime] = {}
     if check_lag and (watermarks is not None or (source is not None and source.type == "kafka")):
         if watermarks is None:
             assert source is not None
@@ -495,12 +546,33 @@ def collect_status(
             partitions = partitions or kafka_partitions(source, lag_timeout_s)
         failed = None if partitions is None else add_unlanded_partitions(result, partitions)
         asked = [(p.topic, p.partition) for status in result for p in status.partitions]
+        # The whole lakehouse asked for (no TABLES): the subscription's topics that have no table yet.
+        unlanded: list[PartitionStatus] = []
+        if not tables and failed is None and partitions is not None and source is not None:
+            known = {p.topic for status in result for p in status.partitions} | {topic for topic, _ in dead_offsets}
+            unlanded = unlanded_topic_partitions(source, settings.ingest.table_mapping, set(names), known, partitions)
         try:
-            marks = watermarks(asked) if failed is None else dict.fromkeys(asked, failed)
+            every = asked + [(p.topic, p.partition) for p in unlanded]
+            marks = watermarks(every) if failed is None else dict.fromkeys(asked, failed)
         except Exception as exc:  # a broken reader must not break the status
             marks = dict.fromkeys(asked, exc)
         for status in result:
             apply_watermarks(status.partitions, marks)
+        apply_watermarks(unlanded, marks)
+        waiting = [(part, part.lag) for part in unlanded if part.lag]
+        for part, records in waiting:
+            topics_without_table[part.topic] = topics_without_table.get(part.topic, 0) + records
+        if waiting:
+            if first_record_times is None:
+                assert source is not None
+                first_record_times = kafka_first_record_times(source, lag_timeout_s)
+            try:
+                times = first_record_times([(part.topic, part.partition) for part, _ in waiting])
+            except Exception:  # a broken reader must not break the status: the topics' age is not known
+                times = {}
+            for (topic, _partition), written in times.items():
+                since = topics_without_table_since.get(topic)
+                topics_without_table_since[topic] = written if since is None else min(since, written)
         lag_checked = True
 
     orphans: dict[str, int] = {}
@@ -520,7 +592,35 @@ def collect_status(
         dead_letters_without_table=dict(sorted(orphans.items())),
         lag_checked=lag_checked,
         dead_letters_without_table_latest=orphans_latest,
+        topics_without_table=dict(sorted(topics_without_table.items())),
+        topics_without_table_since=topics_without_table_since,
     )
+
+
+def unlanded_topic_partitions(
+    source: SourceSettings,
+    mapping: Mapping[str, str],
+    tables: set[str],
+    known: set[str],
+    partitions: PartitionLister,
+) -> list[PartitionStatus]:
+    """The partitions of the subscription's topics (source.topics, or those source.topic_pattern takes) that map to
+    no bronze table and are not ``known`` (landed, or dead letters): nothing of them landed. Heartbeat topics never
+    land (skipped by design). Empty when the listing fails (the lag check of the tables says why)."""
+    selection = TopicSelection.of(source.topics, source.topic_pattern)
+    try:
+        listed = partitions(None if source.topic_pattern else sorted(source.topics))
+    except Exception:  # a broken lister must not break the status
+        return []
+    return [
+        PartitionStatus(topic, partition, None)
+        for topic, numbers in sorted(listed.items())
+        if selection.follows(topic)
+        and not topic.startswith(HEARTBEAT_PREFIX)
+        and topic not in known
+        and bronze_table_name(topic, mapping) not in tables
+        for partition in numbers
+    ]
 
 
 def add_unlanded_partitions(tables: list[BronzeStatus], partitions: PartitionLister) -> Exception | None:
@@ -551,6 +651,15 @@ def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.dateti
     now = now or status.generated_at
     limit = dt.timedelta(seconds=stale_after_s)
     problems: list[str] = []
+    for topic, count in status.topics_without_table.items():
+        # As a table's last commit: stale once its oldest record waited longer (or when that is not known).
+        since = status.topics_without_table_since.get(topic)
+        if since is None or now - since > limit:
+            waited = "" if since is None else f" for {format_age(now - since)}"
+            problems.append(
+                f"topic {topic}: {count:,} record(s) in the cluster{waited} and no bronze table: nothing of it has "
+                "landed (is ingest running, and does its subscription take the topic?)"
+            )
     for topic, count in status.dead_letters_without_table.items():
         # Only while they keep coming: those of a table since dropped or mapped elsewhere stay in the dead-letter
         # table, and made every later status stale.
@@ -654,4 +763,8 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
             for table in status.tables
         ],
         "dead_letters_without_table": status.dead_letters_without_table,
+        "topics_without_table": {
+            topic: {"records": count, "since": _iso(status.topics_without_table_since.get(topic))}
+            for topic, count in status.topics_without_table.items()
+        },
     }

@@ -501,6 +501,18 @@ def test_status_with_an_unreachable_broker_shows_na_and_no_secrets(
 
 
 @pytest.mark.kafka
+def test_status_of_a_catalog_that_does_not_exist_is_an_error(tmp_path: Path) -> None:
+    """A mistyped SQLite catalog path: status created an empty catalog there and reported "fresh" (exit 0)."""
+    from ingest.errors import ConfigError
+
+    config = tmp_path / "cdclake.yml"
+    config.write_text(f"lakehouse:\n  warehouse: {tmp_path}/wh\n  catalog_uri: sqlite:///{tmp_path}/typo.db\n")
+    with pytest.raises(ConfigError, match=rf"^lakehouse\.catalog_uri: no catalog database at {tmp_path}/typo\.db: "):
+        invoke(["--config", str(config), "status", "--no-lag"])
+    assert not (tmp_path / "typo.db").exists()
+    assert not (tmp_path / "wh").exists()
+
+
 def test_status_lag_against_a_real_broker(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
     prefix = unique("lag") + "."
     topic = prefix + CUSTOMERS_TOPIC

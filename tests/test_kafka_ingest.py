@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 import sys
@@ -526,6 +527,47 @@ def test_status_shows_the_partitions_with_nothing_landed_yet(lakehouse: Path) ->
     offsets = [(p.partition, p.next_offset, p.lag) for p in table.partitions]
     assert offsets == [(0, 10, 0), (1, None, 5), (2, None, 0), (3, None, 0)]  # the mock's topics have 4 partitions
     assert table.lag == 5
+
+
+@pytest.mark.parametrize("subscription", ["topics", "topic_pattern"])
+def test_status_names_a_subscribed_topic_that_has_no_bronze_table(lakehouse: Path, subscription: str) -> None:
+    """A topic of the subscription with records and no bronze table (ingest never got to it: not running, stuck,
+    or started before the topic was added) was left out of `cdclake status`, which said "fresh". It is listed
+    with its records, and is stale once its oldest record waited longer than --stale-after, as a table's last
+    commit is. Heartbeat topics never land, and are not listed."""
+    from ingest.status import collect_status, stale_problems, status_document
+
+    landed, waiting = "dbserver1.inventory.customers", "dbserver1.inventory.orders"
+    records = _customer_records(10)
+    with MockKafkaCluster() as cluster:
+        cluster.produce(landed, records, partition=0)
+        assert run_kafka(kafka_settings(lakehouse, cluster, topics=[landed], consumer=MOCK_CONSUMER_SETTINGS))
+        cluster.produce(waiting, records[:3], partition=0)
+        cluster.produce(waiting, records[:2], partition=2)
+        cluster.produce("__debezium-heartbeat.dbserver1", [(None, b'{"ts_ms": 1}')], partition=0)
+        if subscription == "topics":
+            topics = [landed, waiting, "__debezium-heartbeat.dbserver1", "dbserver1.inventory.empty"]
+            settings = kafka_settings(lakehouse, cluster, topics=topics, consumer=MOCK_CONSUMER_SETTINGS)
+        else:
+            settings = kafka_settings(
+                lakehouse, cluster, topic_pattern=r"^dbserver1\.", consumer=MOCK_CONSUMER_SETTINGS
+            )
+        produced_by = dt.datetime.now(dt.UTC)
+        status = collect_status(settings)
+    assert [table.name for table in status.tables] == ["dbserver1_inventory_customers"]
+    assert status.topics_without_table == {waiting: 5}
+    since = status.topics_without_table_since[waiting]
+    assert produced_by - dt.timedelta(minutes=1) < since <= produced_by
+    assert stale_problems(status, 3600) == []  # waited less than --stale-after, as a table committed that recently
+    later = stale_problems(status, 3600, now=since + dt.timedelta(hours=2))
+    assert later[0] == (
+        f"topic {waiting}: 5 record(s) in the cluster for 2h00m and no bronze table: nothing of it has landed (is "
+        "ingest running, and does its subscription take the topic?)"
+    )
+    assert later[1:] == [next(p for p in later if p.startswith("bronze.dbserver1_inventory_customers: last commit"))]
+    assert status_document(status, 3600, later)["topics_without_table"] == {
+        waiting: {"records": 5, "since": since.isoformat().replace("+00:00", "Z")}
+    }
 
 
 def _customer_records(count: int) -> list[tuple[bytes | None, bytes | None]]:

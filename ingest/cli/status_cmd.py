@@ -14,6 +14,8 @@ from rich.console import Console
 
 from ingest.cli.common import config_option, settings_from
 from ingest.config import redact, redact_values
+from ingest.errors import ConfigError
+from ingest.lakehouse import sqlite_catalog_file
 from ingest.status import (
     DEFAULT_STALE_AFTER_S,
     BronzeStatus,
@@ -40,7 +42,8 @@ STALE_EXIT_CODE = 3
     help=(
         "Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds); "
         "also for a bronze table with no ingest commit, a topic whose records are all dead letters (one within "
-        "this time), and a partition whose log starts after bronze's next offset (records deleted unlanded)."
+        "this time), a topic of the subscription that holds records but has no bronze table (with --lag), and a "
+        "partition whose log starts after bronze's next offset (records deleted unlanded)."
     ),
 )
 @click.option("--lag/--no-lag", default=True, show_default=True, help="Ask the Kafka cluster for consumer lag.")
@@ -51,6 +54,13 @@ def status(
 ) -> None:
     """Show bronze and silver tables: rows, offsets, lag, dead letters, freshness (TABLES: bronze names)."""
     settings = settings_from(ctx)
+    catalog_file = sqlite_catalog_file(settings)
+    if catalog_file is not None and not catalog_file.exists():
+        # Opening it would create an empty catalog, and the status of an empty lakehouse is "fresh".
+        raise ConfigError(
+            f"lakehouse.catalog_uri: no catalog database at {catalog_file}: nothing has been landed with this "
+            "configuration yet, or the path is mistyped"
+        )
     result = collect_status(settings, tables=list(tables) or None, check_lag=lag, lag_timeout_s=lag_timeout)
     problems = stale_problems(result, stale_after)
     if as_json:
@@ -171,5 +181,7 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
             console.print(Text(f"dead letters: {count:,} from {topic} -> {table.table}", style="red"))
     for topic, count in status.dead_letters_without_table.items():
         console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table)", style="red"))
+    for topic, count in status.topics_without_table.items():
+        console.print(Text(f"not landed: {count:,} record(s) of {topic} (no bronze table)", style="red"))
     if not problems:
         console.print(Text(f"fresh (--stale-after {stale_after:g}s)", style="green"))
