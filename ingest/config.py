@@ -62,6 +62,12 @@ class LakehouseSettings(_Section):
         "is an error. Only these two databases (PostgreSQL through psycopg2, which a bare postgresql:// gets too), "
         "and not an in-memory SQLite database, which Spark cannot share.",
     )
+    storage: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="pyiceberg FileIO properties of the warehouse's storage, for the ingester, status and maintain: "
+        "for S3, s3.endpoint, s3.access-key-id, s3.secret-access-key, s3.region (a warehouse on s3a:// or s3://). "
+        "Spark takes its own, in spark.conf (spark.hadoop.fs.s3a.*). Values are secret: never printed.",
+    )
     catalog_name: str = Field(
         default="lake",
         pattern=r"^[a-z_][a-z0-9_]*$",
@@ -555,6 +561,7 @@ def redact(text: str, settings: Settings) -> str:
     consumer = settings.source.consumer if settings.source else {}
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
     secrets += uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
+    secrets += [v.get_secret_value() for k, v in settings.lakehouse.storage.items() if SECRET_KEY_PATTERN.search(k)]
     for key, value in settings.spark.conf.items():
         # A switch or a number is no secret (spark.security.credentials.hive.enabled: false would hide every "false").
         plain = value.lower() in ("true", "false") or value.isdigit()

@@ -75,7 +75,8 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
     warehouse = warehouse_uri(settings)
     if warehouse.startswith("file:"):
         _make_folder(Path(warehouse.removeprefix("file://")), "lakehouse.warehouse", "the warehouse folder")
-    return {"uri": pyiceberg_uri(settings), "warehouse": warehouse}
+    storage = {key: value.get_secret_value() for key, value in settings.lakehouse.storage.items()}
+    return {**storage, "uri": pyiceberg_uri(settings), "warehouse": warehouse}
 
 
 def load_catalog(settings: Settings) -> Any:

@@ -96,6 +96,38 @@ def test_logical_decoding_messages_land_in_a_table_of_their_own(lakehouse: Path)
     assert ingest_file(settings, PG_MESSAGES_DUMP).stats.written == 0  # a restart lands nothing twice
 
 
+def test_a_warehouse_on_s3_lands_with_the_storage_settings(tmp_path: Path) -> None:
+    """A warehouse on S3 (a local SeaweedFS): `lakehouse.storage` gives pyiceberg the endpoint and keys, which it
+    had no way to get (cdclake passed it the catalog URI and the warehouse only). A restart lands nothing twice,
+    and the secret key never shows in a redacted message."""
+    from ingest.config import redact
+    from ingest.testing.seaweed import ACCESS_KEY, REGION, SECRET_KEY, SeaweedS3
+
+    with SeaweedS3(tmp_path / "seaweed", bucket="lakehouse") as s3:
+        storage = {
+            "s3.endpoint": s3.endpoint,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+            "s3.region": REGION,
+        }
+        settings = make_settings(
+            tmp_path / "lake",
+            lakehouse={
+                "warehouse": "s3a://lakehouse/warehouse",
+                "catalog_uri": f"sqlite:///{tmp_path / 'lake' / 'catalog.db'}",
+                "storage": storage,
+            },
+        )
+        ingest_file(settings, PG_DUMP)
+        table = load_catalog(settings).load_table("bronze.dbserver1_inventory_customers")
+        assert table.metadata_location.startswith("s3a://lakehouse/warehouse/bronze/")
+        expected = topic_counts(PG_DUMP)["dbserver1.inventory.customers"]
+        assert len(rows(settings, "dbserver1_inventory_customers")) == expected
+        assert ingest_file(settings, PG_DUMP).stats.written == 0
+        assert SECRET_KEY not in redact(f"failed with {SECRET_KEY}", settings)
+    assert not (tmp_path / "lake" / "warehouse").exists()  # nothing went to a local folder of that name
+
+
 def test_typed_values_become_real_types(lakehouse: Path) -> None:
     settings = make_settings(lakehouse)
     ingest_file(settings, PG_DUMP)
