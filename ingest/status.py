@@ -645,12 +645,23 @@ def add_unlanded_partitions(tables: list[BronzeStatus], partitions: PartitionLis
     return None
 
 
-def stale_problems(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:
+def stale_problems(
+    status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None, max_lag: int | None = None
+) -> list[str]:
     """Why the lakehouse counts as stale: records deleted from a topic before they were landed, bronze not committed
-    for too long, or silver behind for too long."""
+    for too long, silver behind for too long, or (``max_lag``) a partition further behind its topic than that."""
     now = now or status.generated_at
     limit = dt.timedelta(seconds=stale_after_s)
     problems: list[str] = []
+    if max_lag is not None:
+        # Per partition: one stalled partition hides behind its table's other partitions, which keep committing.
+        for table in status.tables:
+            for part in table.partitions:
+                if part.lag is not None and part.lag > max_lag:
+                    problems.append(
+                        f"{part.topic}[{part.partition}]: {part.lag:,} record(s) not landed in {table.table}, more "
+                        f"than --max-lag {max_lag:,}"
+                    )
     for topic, count in status.topics_without_table.items():
         # As a table's last commit: stale once its oldest record waited longer (or when that is not known).
         since = status.topics_without_table_since.get(topic)

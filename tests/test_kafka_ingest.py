@@ -513,7 +513,7 @@ def test_the_next_generation_group_protocol_reads_every_partition(lakehouse: Pat
 def test_status_shows_the_partitions_with_nothing_landed_yet(lakehouse: Path) -> None:
     """`cdclake status` listed only the partitions bronze holds offsets of: one whose records were never landed
     (its member stuck, ingest down since the topic got more partitions) was missing, and the table's lag said 0."""
-    from ingest.status import collect_status
+    from ingest.status import collect_status, stale_problems
 
     topic = "dbserver1.inventory.customers"
     records = _customer_records(10)
@@ -527,6 +527,12 @@ def test_status_shows_the_partitions_with_nothing_landed_yet(lakehouse: Path) ->
     offsets = [(p.partition, p.next_offset, p.lag) for p in table.partitions]
     assert offsets == [(0, 10, 0), (1, None, 5), (2, None, 0), (3, None, 0)]  # the mock's topics have 4 partitions
     assert table.lag == 5
+    # --max-lag: such a partition makes the status stale (the table's commit is fresh: nothing else would).
+    assert stale_problems(status, 3600, max_lag=5) == []
+    assert stale_problems(status, 3600, max_lag=4) == [
+        "dbserver1.inventory.customers[1]: 5 record(s) not landed in bronze.dbserver1_inventory_customers, more than "
+        "--max-lag 4"
+    ]
 
 
 @pytest.mark.parametrize("subscription", ["topics", "topic_pattern"])

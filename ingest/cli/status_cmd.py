@@ -47,10 +47,23 @@ STALE_EXIT_CODE = 3
     ),
 )
 @click.option("--lag/--no-lag", default=True, show_default=True, help="Ask the Kafka cluster for consumer lag.")
+@click.option(
+    "--max-lag",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Exit with code 3 also when a partition has more records than this not landed (per partition: a stalled "
+    "one shows while its table's others commit). Off by default.",
+)
 @click.option("--lag-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds.")
 @click.pass_context
 def status(
-    ctx: click.Context, tables: tuple[str, ...], as_json: bool, stale_after: float, lag: bool, lag_timeout: float
+    ctx: click.Context,
+    tables: tuple[str, ...],
+    as_json: bool,
+    stale_after: float,
+    lag: bool,
+    max_lag: int | None,
+    lag_timeout: float,
 ) -> None:
     """Show bronze and silver tables: rows, offsets, lag, dead letters, freshness (TABLES: bronze names)."""
     settings = settings_from(ctx)
@@ -62,7 +75,7 @@ def status(
             "configuration yet, or the path is mistyped"
         )
     result = collect_status(settings, tables=list(tables) or None, check_lag=lag, lag_timeout_s=lag_timeout)
-    problems = stale_problems(result, stale_after)
+    problems = stale_problems(result, stale_after, max_lag=max_lag)
     if as_json:
         document = status_document(result, stale_after, problems)
         click.echo(orjson.dumps(redact_values(document, settings), option=orjson.OPT_INDENT_2).decode())
