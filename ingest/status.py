@@ -55,8 +55,8 @@ class Watermarks(NamedTuple):
 WatermarkReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, "Watermarks | Exception"]]
 # When each partition's first record (at its log start) was written; partitions it could not read are left out.
 FirstRecordTimes = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, dt.datetime]]
-# The partitions each topic has, per the cluster's metadata (topics it does not know are left out).
-# The partitions of the named topics; of every topic but the internal ones when given None.
+# The partitions each named topic has, per the cluster's metadata (topics it does not know are left out); given
+# None, those of every topic but the internal ones.
 PartitionLister = Callable[[Sequence[str] | None], Mapping[str, Sequence[int]]]
 
 
