@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -375,7 +376,6 @@ class OnceBesideAMember:
     ``member_session_ms``: the member's session timeout (default 2 s, as the `--once` run's)."""
 
     def __init__(self, broker: TansuBroker, lakehouse: Path, name: str, member_session_ms: int | None = None) -> None:  # noqa: F811
-        import subprocess
 
         from ingest.cli.ingest_cmd import build_pipeline
         from ingest.sources.kafka import KafkaSource
@@ -457,7 +457,6 @@ def test_once_waits_for_a_join_that_a_dead_member_holds_up(lakehouse: Path) -> N
     """A member killed without leaving holds up the group's next join until its session ends. `--once` started
     meanwhile gave up waiting for its first assignment after 15 s and exited 0 having read nothing, as if the topic
     were empty. The mock cluster's coordinator holds the join (here for two sessions of 9 s: ~17 s)."""
-    import subprocess
 
     from ingest.sources.kafka import JOIN_GRACE_S
 
@@ -640,20 +639,17 @@ def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
         assert bronze_coordinates(settings) == landed
 
 
-def test_once_gives_up_when_no_broker_answers_and_the_client_reports_nothing(lakehouse: Path) -> None:
-    """SASL/OAUTHBEARER with no token source: librdkafka waits for a token and reports no error, so the run waited
-    for the group join's deadline (over 5 minutes) and then blamed the consumer group. It now gives up after
-    ingest.unhealthy_after_s, naming the servers and the security settings to check."""
-    import subprocess
-
+def _once_against_no_cluster(lakehouse: Path, servers: str, **consumer: str) -> subprocess.CompletedProcess[str]:
+    """`cdclake ingest --once` (a process of its own) at ``servers``, with ingest.unhealthy_after_s 3: it must end
+    within 30 s (before, these runs waited for ever or for minutes: the timeout makes that a failure)."""
     from tests.processes import cdclake_command
 
     source = {
         "type": "kafka",
-        "bootstrap_servers": "127.0.0.1:1",
+        "bootstrap_servers": servers,
         "topics": ["dbserver1.inventory.customers"],
         "group_id": unique("cdclake-test-"),
-        "consumer": {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"},
+        "consumer": consumer,
     }
     make_settings(lakehouse, source=source, ingest={"unhealthy_after_s": 3})
     started = time.monotonic()
@@ -666,6 +662,15 @@ def test_once_gives_up_when_no_broker_answers_and_the_client_reports_nothing(lak
     )
     assert done.returncode == 2, done.stderr
     assert time.monotonic() - started < 30
+    return done
+
+
+def test_once_gives_up_when_no_broker_answers_and_the_client_reports_nothing(lakehouse: Path) -> None:
+    """SASL/OAUTHBEARER with no token source: librdkafka waits for a token and reports no error, so the run waited
+    for the group join's deadline (over 5 minutes) and then blamed the consumer group. It now gives up after
+    ingest.unhealthy_after_s, naming the servers and the security settings to check."""
+    consumer = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER"}
+    done = _once_against_no_cluster(lakehouse, "127.0.0.1:1", **consumer)
     assert "error: kafka: no broker answered a metadata request in " in done.stderr
     assert "(ingest.unhealthy_after_s: 3)" in done.stderr
     assert "bootstrap_servers: 127.0.0.1:1; check them and the security settings in source.consumer" in done.stderr
@@ -676,31 +681,11 @@ def test_once_gives_up_on_a_cluster_it_cannot_reach(lakehouse: Path) -> None:
     reconnects and /healthz says why), so a scheduled run hung instead of failing. It now gives up after
     ingest.unhealthy_after_s, exit status 2, naming the servers and librdkafka's last error."""
     import socket
-    import subprocess
-
-    from tests.processes import cdclake_command
 
     with socket.socket() as probe:  # a loopback port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    source = {
-        "type": "kafka",
-        "bootstrap_servers": f"127.0.0.1:{port}",
-        "topics": ["dbserver1.inventory.customers"],
-        "group_id": unique("cdclake-test-"),
-    }
-    make_settings(lakehouse, source=source, ingest={"unhealthy_after_s": 3})
-    started = time.monotonic()
-    # Before, this run never ended: the timeout makes that a failure.
-    done = subprocess.run(
-        [cdclake_command(), "--config", str(lakehouse / "cdclake.yml"), "--log-format", "text", "ingest", "--once"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-    assert done.returncode == 2, done.stderr
-    assert time.monotonic() - started < 30
+    done = _once_against_no_cluster(lakehouse, f"127.0.0.1:{port}")
     assert re.search(r"error: kafka: no broker reachable since \S+ \(last error: .*Connection refused", done.stderr)
     assert "--once gave up after " in done.stderr
     assert f"bootstrap_servers: 127.0.0.1:{port}" in done.stderr
