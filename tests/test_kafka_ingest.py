@@ -376,7 +376,6 @@ class OnceBesideAMember:
     ``member_session_ms``: the member's session timeout (default 2 s, as the `--once` run's)."""
 
     def __init__(self, broker: TansuBroker, lakehouse: Path, name: str, member_session_ms: int | None = None) -> None:  # noqa: F811
-
         from ingest.cli.ingest_cmd import build_pipeline
         from ingest.sources.kafka import KafkaSource
 
@@ -457,7 +456,6 @@ def test_once_waits_for_a_join_that_a_dead_member_holds_up(lakehouse: Path) -> N
     """A member killed without leaving holds up the group's next join until its session ends. `--once` started
     meanwhile gave up waiting for its first assignment after 15 s and exited 0 having read nothing, as if the topic
     were empty. The mock cluster's coordinator holds the join (here for two sessions of 9 s: ~17 s)."""
-
     from ingest.sources.kafka import JOIN_GRACE_S
 
     topic = "dbserver1.inventory.customers"
