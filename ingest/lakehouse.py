@@ -46,18 +46,16 @@ def pyiceberg_uri(settings: Settings) -> str:
     url = make_url(uri)
     if url.drivername == "postgresql":  # SQLAlchemy 2.1's default driver is psycopg 3; cdclake installs psycopg2
         return url.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
-    if url.get_backend_name() == "sqlite" and url.database:
-        if Path(url.database).is_absolute():
-            _make_folder(Path(url.database).parent, "lakehouse.catalog_uri", "the SQLite catalog's folder")
-            return uri
-        database = settings.resolve(url.database)
-        _make_folder(database.parent, "lakehouse.catalog_uri", "the SQLite catalog's folder")
-        return f"sqlite:///{database}"
-    return uri
+    database = sqlite_catalog_file(settings)
+    if database is None:
+        return uri
+    _make_folder(database.parent, "lakehouse.catalog_uri", "the SQLite catalog's folder")
+    return uri if Path(str(url.database)).is_absolute() else f"sqlite:///{database}"
 
 
 def sqlite_catalog_file(settings: Settings) -> Path | None:
-    """The SQLite catalog's database file (None for a PostgreSQL catalog), resolved as pyiceberg_uri does."""
+    """The SQLite catalog's database file (None for a PostgreSQL catalog); a relative path is taken against the
+    config file's folder."""
     url = make_url(settings.lakehouse.catalog_uri.get_secret_value())
     if url.get_backend_name() != "sqlite" or not url.database:
         return None
