@@ -210,6 +210,27 @@ def test_on_schema_change_fail_and_ignore(harness: SilverHarness, tmp_path: Path
     assert emails(harness, topic) == {1: ("a2", None), 2: ("b2", "x2")}
 
 
+def test_a_computed_tinyint_column_does_not_block_a_later_column(harness: SilverHarness, tmp_path: Path) -> None:
+    """A model column the SQL casts to tinyint or smallint, which Iceberg stores as int: the run after the source
+    added a column adds it. Before, the types read `tinyint` against silver's `int` and every run after a layout
+    change failed as a type change silver cannot follow, --full-refresh or not."""
+    topic = harness.topic("tinyint")
+    harness.land(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path)
+    model = harness.project / "models" / "silver" / f"{topic.table}.sql"
+    harness.write_model(topic)
+    model.write_text(
+        "{{ config(materialized='cdc_silver') }}\n"
+        "select *, cast(after.id + 100 as tinyint) as code, cast(after.id * 1000 as smallint) as small\n"
+        f"from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    )
+    assert harness.build(topic)
+    land_with_email(harness, topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], tmp_path, {1: "x1", 3: "x3"})
+    assert harness.build(topic)
+    rows = harness.spark.sql(f"select id, v, email, code, small from silver.{topic.table} order by id").collect()
+    expected = [(1, "a2", "x1", 101, 1000), (2, "b", None, 102, 2000), (3, "c", "x3", 103, 3000)]
+    assert [tuple(r) for r in rows] == expected
+
+
 def test_a_widened_key_type_widens_silver_and_its_tombstones(harness: SilverHarness, tmp_path: Path) -> None:
     """The key column became BIGINT at the source (bronze widens int to bigint): silver's key column and the
     tombstones' are widened, and a key beyond int's range lands."""

@@ -555,9 +555,12 @@
 
 
 {#- Whether Iceberg can promote a column of type `old` to `new` (Spark's DDL spelling): int to bigint, float to
-    double, a decimal's precision up at the same scale. -#}
+    double, a decimal's precision up at the same scale. Iceberg has no tinyint or smallint (it stores them as int),
+    so a model's tinyint or smallint column fits silver's int or bigint. -#}
 {% macro widens(old, new) -%}
-  {%- if (old, new) in [('int', 'bigint'), ('float', 'double')] %}{{ return(true) }}{% endif -%}
+  {%- set promotions = [('int', 'bigint'), ('float', 'double'), ('tinyint', 'smallint'), ('tinyint', 'int'),
+                        ('tinyint', 'bigint'), ('smallint', 'int'), ('smallint', 'bigint')] -%}
+  {%- if (old, new) in promotions %}{{ return(true) }}{% endif -%}
   {%- set decimal = modules.re.compile('^decimal\\((\\d+),(\\d+)\\)$') -%}
   {%- set a = decimal.match(old) -%}
   {%- set b = decimal.match(new) -%}
