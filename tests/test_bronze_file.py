@@ -16,6 +16,7 @@ import pytest
 from pyiceberg.table.snapshots import Operation
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.rows import HEADERS_TYPE
 from ingest.bronze.tables import (
     KIND_PROPERTY,
     LAYOUT_PROPERTY,
@@ -781,6 +782,13 @@ def test_unavailable_values_are_counted_in_text_bytes_and_arrays() -> None:
     int_keyed = pa.struct([("m", pa.map_(pa.int32(), pa.string()))])
     assert count_unavailable(pa.table({"op": ["u"], "after": pa.array([{"m": [(1, placeholder)]}], int_keyed)})) == 0
     assert UNAVAILABLE_UUID == "b68a35a7-17ad-35b3-af2a-ae46edb4545a"  # Debezium's, for the default placeholder
+    # A primary-key change's create (its `__debezium.oldkey` header) counts as an update does; another create not.
+    moved = [{"key": "x", "value": None}, {"key": "__debezium.oldkey", "value": b'{"id":1}'}]
+    headers = pa.array([moved, [{"key": "x", "value": b"1"}], None, moved], HEADERS_TYPE)
+    creates = pa.table(
+        {"op": ["c", "c", "c", "u"], "after": pa.array([{"s": placeholder}] * 4), "_cdc_headers": headers}
+    )
+    assert count_unavailable(creates) == 2
 
 
 def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: Path) -> None:

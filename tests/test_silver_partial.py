@@ -282,6 +282,16 @@ def test_a_primary_key_change_takes_the_old_keys_values(harness: SilverHarness, 
     assert images(harness, topic) == {5: ("a2", 100), 6: ("b2", 201)}
 
 
+def test_a_primary_key_change_alone_in_its_unit_folds_the_placeholder(harness: SilverHarness, tmp_path: Path) -> None:
+    """A unit of work that holds nothing but a primary-key change whose create carries the placeholder (an unchanged
+    TOAST column): bronze's running count of placeholders counts the create, so the run folds it onto the old key's
+    value. Before, the count covered updates only, the run skipped the fold and silver kept the placeholder."""
+    topic = harness.topic("pk_move_placeholder")
+    harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 11, "b", n=200)], tmp_path)
+    harness.apply(topic, [*moved(1, 5, 20, UNAVAILABLE_VALUE, 101)], tmp_path)
+    assert images(harness, topic) == {2: ("b", 200), 5: ("a", 101)}
+
+
 @pytest.mark.parametrize(
     "mode", ["hard", pytest.param("soft", marks=pytest.mark.slow), pytest.param("scd2", marks=pytest.mark.slow)]
 )

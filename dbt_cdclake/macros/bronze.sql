@@ -166,8 +166,8 @@
 
 
 {#-
-  Whether the unit of work is known to hold no update with Debezium's unavailable-value placeholder (an unchanged
-  TOAST column), from the running counts `cdclake ingest` keeps (`cdclake.unavailable-total`), as for truncates.
+  Whether the unit of work is known to hold no update (or primary-key change's create) with Debezium's
+  unavailable-value placeholder (an unchanged TOAST column), from the running counts `cdclake ingest` keeps (`cdclake.unavailable-total`), as for truncates.
 -#}
 {% macro unavailable_free(snapshots, start) -%}
   {%- set before = '0' if start is none else snapshots.start_unavailable -%}

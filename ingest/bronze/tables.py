@@ -55,6 +55,7 @@ UNAVAILABLE_UUID = str(
 )
 # What it puts in an hstore column with hstore.handling.mode=json (the default; a map of it to itself, DBZ-7582).
 UNAVAILABLE_HSTORE_JSON = orjson.dumps({UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}).decode()
+MOVED_FROM_HEADER = "__debezium.oldkey"  # the Kafka header of a primary-key change's create
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -336,9 +337,10 @@ def count_truncates(data: pa.Table) -> int:
 
 
 def count_unavailable(data: pa.Table) -> int:
-    """Updates (op 'u') whose ``after`` holds Debezium's unavailable-value placeholder in a text or bytes column, as
-    the only element of a text array, as an integer array of its bytes (DBZ-5936), as the only element of a uuid
-    array (its UUID, DBZ-6720), or as an hstore that maps it to itself (DBZ-7582): JSON text, or a map's only entry."""
+    """Updates (op 'u'), and primary-key changes' creates, whose ``after`` holds Debezium's unavailable-value
+    placeholder in a text or bytes column, as the only element of a text array, as an integer array of its bytes
+    (DBZ-5936), as the only element of a uuid array (its UUID, DBZ-6720), or as an hstore that maps it to itself
+    (DBZ-7582): JSON text, or a map's only entry."""
     if "op" not in data.column_names or "after" not in data.column_names:
         return 0
     after = data["after"].combine_chunks()
@@ -373,8 +375,16 @@ def count_unavailable(data: pa.Table) -> int:
         found = hit if found is None else pc.or_kleene(found, hit)
     if found is None:
         return 0
-    updates = pc.equal(data["op"].combine_chunks(), "u")
-    return int(pc.sum(pc.and_(updates, pc.fill_null(found, False))).as_py() or 0)
+    op = data["op"].combine_chunks()
+    partial = pc.equal(op, "u")
+    if "_cdc_headers" in data.column_names:
+        # A primary-key change's create (it carries `__debezium.oldkey`) holds the placeholder as an update does.
+        headers = data["_cdc_headers"].combine_chunks()
+        names = pc.struct_field(pc.list_flatten(headers), [0])
+        rows = pc.filter(pc.list_parent_indices(headers), pc.fill_null(pc.equal(names, MOVED_FROM_HEADER), False))
+        moved = pc.is_in(pa.array(range(len(headers)), pa.int64()), value_set=rows.cast(pa.int64()))
+        partial = pc.or_(partial, pc.and_(pc.equal(op, "c"), moved))
+    return int(pc.sum(pc.and_(partial, pc.fill_null(found, False))).as_py() or 0)
 
 
 def _only_element_is(lists: pa.Array, element_hits: pa.Array) -> pa.Array:
