@@ -103,3 +103,48 @@ def test_mongodb_update_with_update_description_only() -> None:
 def test_bad_records_name_the_problem(value: object, raw: bytes | None, key: object, message: str) -> None:
     with pytest.raises(DecodeError, match=message.replace("(", r"\(")):
         decode(record(value, key=key, raw=raw))
+
+
+HEARTBEAT_KEY_SCHEMA = {
+    "type": "struct",
+    "fields": [{"type": "string", "optional": False, "field": "serverName"}],
+    "optional": False,
+    "name": "io.debezium.connector.common.ServerNameKey",
+}
+HEARTBEAT_VALUE_SCHEMA = {
+    "type": "struct",
+    "fields": [{"type": "int64", "optional": False, "field": "ts_ms"}],
+    "optional": False,
+    "name": "io.debezium.connector.common.Heartbeat",
+}
+
+
+@pytest.mark.parametrize("schemas", [False, True], ids=["schemaless", "schemas"])
+def test_heartbeats_on_a_custom_topic_prefix_are_heartbeats(schemas: bool) -> None:
+    """``topic.heartbeat.prefix`` (``heartbeat.topics.prefix`` before 2.0) is configurable: a heartbeat on
+    ``hb.server1`` is known by its content (the Heartbeat schema, or schemaless a ``ts_ms``-only value keyed by
+    ``serverName``), not turned into a dead letter."""
+    key: object = {"serverName": "server1"}
+    value: object = {"ts_ms": 1705312800000}
+    if schemas:
+        key = {"schema": HEARTBEAT_KEY_SCHEMA, "payload": key}
+        value = {"schema": HEARTBEAT_VALUE_SCHEMA, "payload": value}
+    assert decode(record(value, key=key, topic="hb.server1")).kind is RecordKind.HEARTBEAT
+
+
+def test_change_events_are_never_taken_for_heartbeats() -> None:
+    """A change event carries ``op``: whatever its key, and even with ts_ms as its only other field, it is no
+    heartbeat; nor is a schemaless ``{"ts_ms": ...}`` value without the heartbeat's key."""
+    key = {"serverName": "server1"}
+    change = {"op": "c", "after": {"serverName": "server1"}, "source": SOURCE, "ts_ms": 1}
+    assert decode(record(change, key=key, topic="hb.server1")).kind is RecordKind.CHANGE
+    with pytest.raises(DecodeError, match="unknown op"):
+        decode(record({"op": None, "ts_ms": 1}, key=key, topic="hb.server1"))
+    with pytest.raises(DecodeError, match="no 'op' field"):
+        decode(record({"ts_ms": 1}, key={"id": 1}, topic="p.s.t"))
+    with pytest.raises(DecodeError, match="no 'op' field"):
+        decode(record({"ts_ms": 1}, topic="p.s.t"))
+    with pytest.raises(DecodeError, match="no 'op' field"):
+        decode(record({"ts_ms": 1, "other": 2}, key=key, topic="hb.server1"))
+    named_change = {"schema": {**HEARTBEAT_VALUE_SCHEMA, "fields": []}, "payload": change}
+    assert decode(record(named_change, key=key, topic="hb.server1")).kind is RecordKind.CHANGE

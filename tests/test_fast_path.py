@@ -229,6 +229,114 @@ def test_changes_without_their_place_in_a_transaction_are_warned_about_on_both_p
     assert_same(unplaced)
 
 
+def in_oplog_mode(records: list[RawRecord]) -> list[RawRecord]:
+    """MongoDB change events as the connector's oplog mode marks a transaction's changes: ``source.stxnid``
+    (``"<lsid>:<txnNumber>"``) instead of change streams' ``lsid`` and ``txnNumber``."""
+    out = []
+    for record in records:
+        document = orjson.loads(record.value) if record.value else None
+        payload = document.get("payload") if isinstance(document, dict) else None
+        if isinstance(payload, dict) and isinstance(payload.get("source"), dict):
+            source = payload["source"]
+            if source.get("txnNumber") is not None:
+                source["stxnid"] = f"{source['lsid']}:{source['txnNumber']}"
+            source["lsid"] = source["txnNumber"] = None
+            record = record._replace(value=orjson.dumps(document))
+        out.append(record)
+    return out
+
+
+def test_mongodb_oplog_mode_transactions_without_their_place_are_warned_about_on_both_paths(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Oplog mode marks transactions by ``source.stxnid`` alone: both paths warn about its changes without a
+    transaction block (once), as they do in change-streams mode; and not with the metadata on."""
+    import ingest.debezium.ordering as ordering_module
+
+    records = in_oplog_mode([r for r in fake_records("mongodb", 3, 1) if not r.topic.endswith(".transaction")])
+    assert any(b'"stxnid":"' in r.value for r in records if r.value)
+    assert not any(b'"txnNumber":1' in r.value for r in records if r.value)
+    message = "connector mongodb: streamed changes carry no transaction block"
+    unplaced = without_transaction_blocks(records)
+    for path, stream, expected in (("fast", records, 0), ("fast", unplaced, 1), ("reference", unplaced, 1)):
+        monkeypatch.setattr(ordering_module, "_UNPLACED_CONNECTORS", set())
+        caplog.clear()
+        if path == "fast":
+            assert fast_share(stream) > 0.0
+        else:
+            for record in stream:
+                decode(record)
+        assert caplog.text.count(message) == expected, path
+    assert_same(unplaced)
+
+
+def heartbeats(topic: str, count: int, schemas: bool) -> list[RawRecord]:
+    """Heartbeats as Debezium sends them to ``<topic.heartbeat.prefix>.<topic.prefix>``."""
+    key_schema = {
+        "type": "struct",
+        "fields": [{"type": "string", "optional": False, "field": "serverName"}],
+        "optional": False,
+        "name": "io.debezium.connector.common.ServerNameKey",
+    }
+    value_schema = {
+        "type": "struct",
+        "fields": [{"type": "int64", "optional": False, "field": "ts_ms"}],
+        "optional": False,
+        "name": "io.debezium.connector.common.Heartbeat",
+    }
+    out = []
+    for offset in range(count):
+        key: Any = {"serverName": "server1"}
+        value: Any = {"ts_ms": 1705312800000 + offset}
+        if schemas:
+            key, value = {"schema": key_schema, "payload": key}, {"schema": value_schema, "payload": value}
+        out.append(RawRecord(topic, 0, offset, 1705312800000, orjson.dumps(key), orjson.dumps(value)))
+    return out
+
+
+@pytest.mark.parametrize("schemas", [False, True], ids=["schemaless", "schemas"])
+@pytest.mark.parametrize("poll", [5000, 3])
+def test_heartbeats_on_a_custom_topic_prefix_are_skipped_on_both_paths(schemas: bool, poll: int) -> None:
+    """``topic.heartbeat.prefix`` is configurable: heartbeats on ``hb.server1`` (between change events) are
+    skipped as heartbeats on both paths, never dead letters; the change events beside them still land."""
+    changes = [r for r in fake_records("db2", 1, 1) if not r.topic.endswith(".transaction")][:40]
+    beats = heartbeats("hb.server1", 6, schemas)
+    records = [*changes[:20], *beats[:3], *changes[20:], *beats[3:]]
+    tables = assert_same(records, poll)
+    assert DEAD_LETTER_TABLE not in tables
+    assert "hb_server1" not in tables
+    for fast in (False, True):
+        pipeline = run(records, fast, poll)
+        assert (pipeline.stats.skipped, pipeline.stats.dead_letters) == (len(beats), 0)
+    assert fast_share(changes) > 0.8
+
+
+def test_db2_snapshot_reads_without_commit_lsn_take_their_change_lsn_on_both_paths() -> None:
+    """Db2 snapshot reads that carry a change_lsn but no commit_lsn order by that change_lsn in the commit place on
+    both paths (not -1, which lost a repair snapshot to older streamed changes); with neither, all -1."""
+    records = [r for r in fake_records("db2", 2, 1) if not r.topic.endswith(".transaction")]
+    rewritten, expected = [], {}
+    for index, record in enumerate(records):
+        document = orjson.loads(record.value) if record.value else None
+        payload = document.get("payload") if isinstance(document, dict) else None
+        if isinstance(payload, dict) and payload.get("op") == "r":
+            source = payload["source"]
+            lsn, source["commit_lsn"] = source["commit_lsn"], None
+            source["change_lsn"] = lsn if index % 3 else None
+            position = [int(part, 16) for part in lsn.split(":")] if index % 3 else [-1, -1, -1]
+            expected[(record.topic, record.offset)] = position + position
+            record = record._replace(value=orjson.dumps(document))
+        rewritten.append(record)
+    assert len(expected) > 3
+    tables = assert_same(rewritten)
+    found = {}
+    for table, _offsets in tables.values():
+        if "_cdc_order" in table.column_names:
+            for row in table.select(["_cdc_topic", "_cdc_offset", "_cdc_order"]).to_pylist():
+                found[(row["_cdc_topic"], row["_cdc_offset"])] = row["_cdc_order"]
+    assert {coordinates: found[coordinates] for coordinates in expected} == expected
+
+
 @pytest.mark.parametrize("path", SEEDS, ids=lambda p: p.stem)
 def test_seed_examples(path: Path) -> None:
     assert_same(file_records(path))

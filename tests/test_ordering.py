@@ -190,3 +190,49 @@ def test_db2_luw_lsns_of_sixteen_bytes_order_by_value() -> None:
     later = ordering({"connector": "db2", "commit_lsn": "00000000:000102b5:00000000000800a0", "change_lsn": None})
     assert earlier == [0, 0x102B5, 0x7BF55, MISSING, MISSING, MISSING]
     assert earlier < later
+
+
+def test_mongodb_oplog_mode_transactions_are_warned_about_without_a_transaction_block(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Oplog mode marks a multi-document transaction's changes with ``source.stxnid`` only (change-streams mode with
+    ``lsid``/``txnNumber``): without transaction metadata they too can share a position, so they are warned about
+    (once per connector), as change-streams ones are; a single-document change is not."""
+    import ingest.debezium.ordering as ordering_module
+
+    message = "connector mongodb: streamed changes carry no transaction block"
+    base = {"connector": "mongodb", "ts_ms": 1558965508000, "ord": 6, "rs": "rs0"}
+    monkeypatch.setattr(ordering_module, "_UNPLACED_CONNECTORS", set())
+    with caplog.at_level("WARNING", logger="ingest.debezium.ordering"):
+        ordering({**base, "stxnid": None, "txnNumber": None}, None)
+    assert message not in caplog.text
+    with caplog.at_level("WARNING", logger="ingest.debezium.ordering"):
+        assert ordering({**base, "stxnid": "abc:1", "txnNumber": None}, None) == [1558965508000, 6, MISSING]
+        ordering({**base, "stxnid": "abc:2", "txnNumber": None}, None)
+    assert caplog.text.count(message) == 1
+
+
+def test_db2_snapshot_reads_without_commit_lsn_take_their_change_lsn_as_commit_position() -> None:
+    """A Db2 snapshot read with a change_lsn but no commit_lsn took -1 in the commit place: a snapshot taken again
+    to repair a table lost to every older streamed change. It takes its change_lsn there (as PostgreSQL's and
+    Oracle's reads take their own position); a read with neither stays all -1."""
+    streamed = ordering(
+        {"connector": "db2", "commit_lsn": "00000027:00000758:0005", "change_lsn": "00000027:00000758:0003"}
+    )
+    repair = ordering(
+        {"connector": "db2", "snapshot": "true", "commit_lsn": None, "change_lsn": "00000030:00000001:0001"}
+    )
+    assert repair == [0x30, 1, 1, 0x30, 1, 1]
+    assert streamed < repair
+    last = ordering({"connector": "db2", "snapshot": "last", "change_lsn": "00000030:00000001:0002"})
+    assert repair < last == [0x30, 1, 2, 0x30, 1, 2]
+    assert ordering({"connector": "db2", "snapshot": "true", "commit_lsn": None, "change_lsn": None}) == [MISSING] * 6
+    # A read with its snapshot LSN as commit_lsn keeps it.
+    assert ordering({"connector": "db2", "snapshot": "first", "commit_lsn": "00000030:00000001:0001"}) == [
+        0x30,
+        1,
+        1,
+        MISSING,
+        MISSING,
+        MISSING,
+    ]

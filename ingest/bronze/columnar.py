@@ -40,7 +40,7 @@ from ingest.bronze.rows import (
     with_exact_numbers,
 )
 from ingest.debezium import types as connect
-from ingest.debezium.envelope import HEARTBEAT_PREFIX, RawRecord, RecordKind, SchemaSplitter
+from ingest.debezium.envelope import HEARTBEAT_PREFIX, HEARTBEAT_SCHEMA, RawRecord, RecordKind, SchemaSplitter
 from ingest.debezium.ordering import ORDERINGS, TRANSACTION_ORDERED, note_unplaced_change
 from ingest.errors import DecodeError
 
@@ -703,9 +703,12 @@ def _unplaced(connector: str, transaction: Any, source: dict[str, Any], length: 
     """Whether a row of ``connector`` belongs to a transaction but has no transaction block
     (``ordering.in_transaction``; ``source``: the source block's columns by name)."""
     unplaced = pc.is_null(transaction) if transaction is not None else pa.array([True] * length)
-    if connector == "mongodb":
-        txn_number = source.get("txnNumber")
-        return txn_number is not None and bool(pc.any(pc.and_(unplaced, pc.is_valid(txn_number))).as_py())
+    if connector == "mongodb":  # change-streams mode marks a transaction's changes by txnNumber, oplog by stxnid
+        marks = [pc.is_valid(source[name]) for name in ("txnNumber", "stxnid") if name in source]
+        if not marks:
+            return False
+        marked = marks[0] if len(marks) == 1 else pc.or_(marks[0], marks[1])
+        return bool(pc.any(pc.and_(unplaced, marked)).as_py())
     snapshot = source.get("snapshot")
     if snapshot is not None:
         if pa.types.is_boolean(snapshot.type):
@@ -898,12 +901,15 @@ class BatchDecoder:
         if known is not None and known[0] is key_schema and known[1] is value_schema:
             return known[2]
         kind = plan_kind(value_schema)
-        try:
-            schema = self.builder.schema_for(kind, key_schema, value_schema)
-        except DecodeError:
-            plan = None
-        else:
-            plan = make_plan(schema, key_schema, value_schema, self.variable_scale, kind)
+        plan: Plan | None = None
+        if value_schema is None or value_schema.get("name") != HEARTBEAT_SCHEMA:
+            # (a heartbeat on a topic of another prefix, envelope.is_heartbeat: the reference path skips it)
+            try:
+                schema = self.builder.schema_for(kind, key_schema, value_schema)
+            except DecodeError:
+                pass
+            else:
+                plan = make_plan(schema, key_schema, value_schema, self.variable_scale, kind)
         if len(self._plans) >= 256:
             self._plans.clear()
         self._plans[identity] = (key_schema, value_schema, plan)

@@ -18,7 +18,11 @@ from ingest.errors import DecodeError
 from ingest.text import first_few
 
 OPS = frozenset("cudrt")
+# The default heartbeat topic prefix (``topic.heartbeat.prefix``, ``heartbeat.topics.prefix`` before Debezium 2.0):
+# configurable, so a heartbeat is known by its content too (is_heartbeat).
 HEARTBEAT_PREFIX = "__debezium-heartbeat"
+# The Connect schema of a heartbeat's value (one field, ts_ms); its key's is ServerNameKey (one field, serverName).
+HEARTBEAT_SCHEMA = "io.debezium.connector.common.Heartbeat"
 
 
 class RawRecord(NamedTuple):
@@ -129,6 +133,17 @@ def _validate_change(payload: dict[str, Any]) -> None:
         raise DecodeError("op 'u' without 'after', 'patch' or 'updateDescription'")
 
 
+def is_heartbeat(key: Any, payload: Mapping[str, Any], value_schema: Mapping[str, Any] | None) -> bool:
+    """Whether a record that is no change event (its value has no ``op``) is a Debezium heartbeat on a topic of
+    another prefix than the default: its value's schema is the heartbeat's, or (schemaless) its value holds
+    ``ts_ms`` alone and its key ``serverName`` alone. A change event always carries ``op``: never one of these."""
+    if "op" in payload:
+        return False
+    if value_schema is not None and value_schema.get("name") == HEARTBEAT_SCHEMA:
+        return True
+    return payload.keys() == {"ts_ms"} and isinstance(key, dict) and key.keys() == {"serverName"}
+
+
 def decode(record: RawRecord) -> Envelope:
     """Decode one record. Raises :class:`DecodeError` (with a reason naming the problem) for a dead letter.
 
@@ -158,6 +173,8 @@ def _decode(record: RawRecord, parse: Callable[[bytes, str], tuple[Any, dict[str
         _check_key_matches(key, payload)
         order = ordering(payload.get("source"), payload.get("transaction"), record.offset)
         return Envelope(RecordKind.CHANGE, key, key_schema, payload, value_schema, order)
+    if is_heartbeat(key, payload, value_schema):
+        return Envelope(RecordKind.HEARTBEAT, None, None, None, None, None)
     if payload.get("status") in ("BEGIN", "END") and "id" in payload:
         return Envelope(RecordKind.TRANSACTION, key, key_schema, payload, value_schema, None)
     if "ddl" in payload or "tableChanges" in payload or "databaseName" in payload:

@@ -68,7 +68,11 @@ def _hex_lsn(source: Mapping[str, Any], field: str, connector: str) -> list[int]
 
 
 def _db2(source: Mapping[str, Any]) -> Position:
-    return _hex_lsn(source, "commit_lsn", "db2") + _hex_lsn(source, "change_lsn", "db2")
+    # A snapshot read usually carries the snapshot LSN as commit_lsn. One with a change_lsn but no commit_lsn takes
+    # that change_lsn in the commit place (as PostgreSQL's and Oracle's snapshot reads take their own position): as
+    # -1, a snapshot taken again to repair a table would lose to every older streamed change. With neither: -1.
+    commit, change = _hex_lsn(source, "commit_lsn", "db2"), _hex_lsn(source, "change_lsn", "db2")
+    return (change if source.get("commit_lsn") is None else commit) + change
 
 
 def _sqlserver(source: Mapping[str, Any]) -> Position:
@@ -191,9 +195,10 @@ def in_transaction(connector: str, source: Mapping[str, Any]) -> bool:
     """Whether the change belongs to a transaction, so that provide.transaction.metadata gives it a transaction
     block: every streamed change of Oracle and Informix (snapshot reads have none, with the metadata or without;
     ``source.snapshot`` is text, or a boolean on early connectors); for MongoDB, one of a multi-document
-    transaction (``source.txnNumber``; a single-document change has no block either way)."""
+    transaction: ``source.lsid``/``txnNumber`` in change-streams mode, ``source.stxnid`` (``"<lsid>:<txnNumber>"``)
+    in oplog mode (a single-document change has none of them, and no block either way)."""
     if connector == "mongodb":
-        return source.get("txnNumber") is not None
+        return source.get("txnNumber") is not None or source.get("stxnid") is not None
     snapshot = source.get("snapshot")
     return snapshot is None or snapshot is False or snapshot == "false"
 
