@@ -1178,6 +1178,26 @@ def test_a_column_option_naming_no_column_fails_the_run(harness: SilverHarness, 
     assert "(they have: id, v, n)" in message
 
 
+def test_a_model_column_named_like_an_image_column_fails_the_run(harness: SilverHarness, dumps: Path) -> None:
+    """A column the model's SQL adds under the name of an image column (`lower(after.v) as V`) fails the run with a
+    message naming it and the way out, instead of Spark's error about a duplicate column; excluding the image
+    column lets the model's own take its place."""
+    topic = harness.topic("clash")
+    harness.land(topic, [Change(C, 1, 1, "A")], dumps)
+    model = harness.project / "models" / "silver" / f"{topic.table}.sql"
+    harness.write_model(topic)
+    sql = f"select *, lower(after.v) as V from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    model.write_text("{{ config(materialized='cdc_silver') }}\n" + sql)
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert not harness.build(topic)
+    message = log.read_bytes()[start:].decode()
+    assert f"cdc_silver model '{topic.table}': its SQL adds column(s) V, which silver already takes" in message
+    model.write_text("{{ config(materialized='cdc_silver', exclude_columns=['v']) }}\n" + sql)
+    assert harness.build(topic)
+    assert harness.rows(f"silver.{topic.table}", "id, v", "id") == [{"id": 1, "v": "a"}]
+
+
 def test_a_compaction_of_bronze_between_runs_is_neither_missed_nor_applied_again(
     harness: SilverHarness, dumps: Path
 ) -> None:

@@ -118,6 +118,13 @@
   {%- for column in input_columns -%}
     {%- if column not in types and not column.startswith('_change_') and column != '_commit_snapshot_id' -%}{% do extra_columns.append(column) %}{%- endif -%}
   {%- endfor -%}
+  {#- Silver takes each image column from `after`: a column of the model's own by that name would be a second one. -#}
+  {%- set clashes = [] -%}
+  {%- set taken = image_columns | map('lower') | list -%}
+  {%- for column in extra_columns if column | lower in taken %}{% do clashes.append(column) %}{% endfor -%}
+  {%- if clashes -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': its SQL adds column(s) " ~ clashes | join(', ') ~ ", which silver already takes from the images of " ~ bronze ~ " (after." ~ clashes[0] ~ "): give them another name, or leave the image column out with exclude_columns") }}
+  {%- endif -%}
   {%- set source_type = types.get('source', '') -%}
   {%- set source_ts_expr = 'timestamp_millis(source.ts_ms)' if source_type.startswith('struct') else "timestamp_millis(cast(get_json_object(source, '$.ts_ms') as bigint))" -%}
   {#- What the layout is made of: a run whose signature silver's properties hold needs no schema check. The last
@@ -208,7 +215,7 @@
   `checked`: the caller knows that `start` still exists (bronze_snapshots).
 -#}
 {% macro changes_view(bronze, start, end, checked=false) -%}
-  {%- set view = model.alias ~ '__cdc_changes' -%}
+  {%- set view = cdclake.session_view('__cdc_changes') -%}
   {%- if start is not none and not checked -%}
     {%- if not cdclake.bronze_snapshots(bronze, start).start_known -%}
       {{ log("cdclake: bronze snapshot " ~ start ~ " applied by " ~ model.alias ~ " has been expired; re-reading all of " ~ bronze, info=true) }}
@@ -232,7 +239,7 @@
 {% macro without_excluded_changes(changes) -%}
   {%- set condition = config.get('exclude_changes') -%}
   {%- if not condition %}{{ return(changes) }}{% endif -%}
-  {%- set kept = model.alias ~ '__cdc_kept' -%}
+  {%- set kept = cdclake.session_view('__cdc_kept') -%}
   {% do run_query('create or replace temporary view ' ~ kept ~ ' as select * from ' ~ changes ~ ' where not coalesce((' ~ condition ~ '), false)') %}
   {{ return(kept) }}
 {%- endmacro %}

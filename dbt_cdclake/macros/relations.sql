@@ -40,3 +40,10 @@
   {%- set value = run_query('set `' ~ name ~ '`').rows[0][1] -%}
   {{ return(none if value == '<undefined>' else value) }}
 {%- endmacro %}
+
+
+{#- The name of a temporary view of this model's run. Models run by `--threads N` share one SparkSession, whose
+    temporary views are one namespace: the schema keeps two models of one alias (in two schemas) apart. -#}
+{% macro session_view(suffix) -%}
+  {{ return(model.schema ~ '__' ~ model.alias ~ suffix) }}
+{%- endmacro %}

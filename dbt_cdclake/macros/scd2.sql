@@ -53,7 +53,7 @@
   {%- set row = run_query("select units, late, " ~ cdclake.stored_position_text('p') ~ " from (select count_if(op = 't') as units, " ~ late ~ " as late, " ~ latest ~ " as p from (" ~ input_sql ~ ") unit_of_work)").rows[0] -%}
   {%- do found.update({'unit': row[0] > 0, 'stored': row[2]}) -%}
   {%- if row[1] > 0 and start is not none -%}
-    {%- set earlier = model.alias ~ '__cdc_earlier' -%}
+    {%- set earlier = cdclake.session_view('__cdc_earlier') -%}
     {%- set condition = config.get('exclude_changes') -%}
     {% do run_query('create or replace temporary view ' ~ earlier ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (start | int) ~ (' where not coalesce((' ~ condition ~ '), false)' if condition else '')) %}
     {%- do found.update({'earlier_sql': sql | replace(bronze | string, earlier)}) -%}

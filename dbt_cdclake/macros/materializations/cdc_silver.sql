@@ -33,7 +33,7 @@
   3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
      both staged on a branch of this run, then main is fast-forwarded to it: one atomic step of main. (One MERGE
      would shuffle all of silver: Spark 3.5 plans a MERGE with an insert clause as a right outer join, which
-     cannot broadcast the changes.) A unit of hard deletes only is one DELETE on main;
+     cannot broadcast the changes.) A unit of hard deletes only is staged the same way;
   4. tombstones: a matched-only MERGE for touched keys that have one, an INSERT for new ones; each skipped when
      there is nothing to do;
   5. `cdclake.bronze_snapshot_id` (and `cdclake.bronze_records`), `cdclake.applied_position` and
@@ -168,7 +168,7 @@
     {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
 
     {%- if existing is none -%}
-      {%- set winners = identifier ~ '__cdc_winners' -%}
+      {%- set winners = cdclake.session_view('__cdc_winners') -%}
       {#- The winners are all newer than the truncate: the changes it voids are left out before net effect. -#}
       {% do run_query('create or replace temporary view ' ~ winners ~ ' as ' ~ cdclake.net_effect_sql(cdclake.after_truncate_sql(input_sql, truncate), layout)) %}
       {#- Tombstones before silver: a run killed between the two commits finds no silver table and starts over;
