@@ -38,8 +38,11 @@ ENV_PREFIX = "CDCLAKE__"
 CONFIG_ENV = "CDCLAKE_CONFIG"
 DEFAULT_CONFIG_NAME = "cdclake.yml"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# librdkafka / catalog keys whose values must never be printed.
-SECRET_KEY_PATTERN = re.compile(r"(password|secret|token|credential|sasl\.jaas|private)", re.IGNORECASE)
+# librdkafka / catalog / storage keys whose values must never be printed (an Azure storage account's key:
+# spark.hadoop.fs.azure.account.key.<account>..., adls.account-key; not fs.azure.account.keyprovider...).
+SECRET_KEY_PATTERN = re.compile(
+    r"(password|secret|token|credential|sasl\.jaas|private|account[._-]?key(?![a-z]))", re.IGNORECASE
+)
 
 
 class _Section(BaseModel):
@@ -557,14 +560,18 @@ def uri_secrets(uri: str) -> list[str]:
 
 def redact(text: str, settings: Settings) -> str:
     """Remove every configured secret from a message before it is logged or shown: librdkafka secrets, the catalog
-    URI's password and secret parameters, and Spark settings that hold a secret (or a URL with one)."""
+    URI's password and secret parameters, every lakehouse.storage value, and Spark settings that hold a secret (or
+    a URL with one)."""
     consumer = settings.source.consumer if settings.source else {}
     secrets = [value.get_secret_value() for key, value in consumer.items() if SECRET_KEY_PATTERN.search(key)]
     secrets += uri_secrets(settings.lakehouse.catalog_uri.get_secret_value())
-    secrets += [v.get_secret_value() for k, v in settings.lakehouse.storage.items() if SECRET_KEY_PATTERN.search(k)]
+    # Every storage property counts (documented as secret, whatever its name: adls.account-key, a new FileIO
+    # property), but a switch or a number (s3.path-style-access: true would hide every "true").
+    storage = [value.get_secret_value() for value in settings.lakehouse.storage.values()]
+    secrets += [value for value in storage if not _plain(value)]
     for key, value in settings.spark.conf.items():
         # A switch or a number is no secret (spark.security.credentials.hive.enabled: false would hide every "false").
-        plain = value.lower() in ("true", "false") or value.isdigit()
+        plain = _plain(value)
         secrets += [value] if SECRET_KEY_PATTERN.search(key) and not plain else uri_secrets(value)
     # As written, as the drivers use them (percent-decoded), and percent-encoded again (Spark's JDBC URL).
     candidates = {
@@ -578,6 +585,10 @@ def redact(text: str, settings: Settings) -> str:
         digits = secret.isdigit()
         text = re.sub(rf"(?<![0-9]){secret}(?![0-9])", "***", text) if digits else text.replace(secret, "***")
     return text
+
+
+def _plain(value: str) -> bool:
+    return value.lower() in ("true", "false") or value.isdigit()
 
 
 def redact_values(document: Any, settings: Settings) -> Any:

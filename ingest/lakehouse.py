@@ -62,6 +62,18 @@ def sqlite_catalog_file(settings: Settings) -> Path | None:
     return Path(url.database) if Path(url.database).is_absolute() else settings.resolve(url.database)
 
 
+def require_catalog_file(settings: Settings) -> None:
+    """Refuse a SQLite catalog whose database file does not exist: opening it would create an empty catalog (a
+    mistyped path), and every command but ``ingest`` and ``demo`` (which create it) only reads or changes what was
+    landed. Call it before the catalog is opened (and before Spark starts on it)."""
+    catalog_file = sqlite_catalog_file(settings)
+    if catalog_file is not None and not catalog_file.exists():
+        raise ConfigError(
+            f"lakehouse.catalog_uri: no catalog database at {catalog_file}: nothing has been landed with this "
+            "configuration yet, or the path is mistyped"
+        )
+
+
 def _make_folder(path: Path, setting: str, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -77,12 +89,16 @@ def catalog_properties(settings: Settings) -> dict[str, str]:
     return {**storage, "uri": pyiceberg_uri(settings), "warehouse": warehouse}
 
 
-def load_catalog(settings: Settings) -> Any:
-    """The pyiceberg SQL catalog; it creates the catalog tables on first use (Spark must not: see below)."""
+def load_catalog(settings: Settings, *, create: bool = True) -> Any:
+    """The pyiceberg SQL catalog; it creates the catalog tables on first use (Spark must not: see below).
+    ``create=False``: a SQLite catalog file that does not exist is an error (:func:`require_catalog_file`)."""
     from pyiceberg.catalog.sql import SqlCatalog
-    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+    from sqlalchemy.exc import DBAPIError
 
     from ingest import pyiceberg_repairs
+
+    if not create:
+        require_catalog_file(settings)
 
     pyiceberg_repairs.apply()
 
@@ -90,31 +106,50 @@ def load_catalog(settings: Settings) -> Any:
     for attempt in range(1, 4):
         try:
             return SqlCatalog(settings.lakehouse.catalog_name, **properties)
-        except (IntegrityError, ProgrammingError):
+        except DBAPIError as exc:
             # Several processes starting at once on a new PostgreSQL catalog all try to create its tables; the
-            # losers fail with a unique violation (pg_type) and find the winner's tables on the next try.
-            if attempt == 3:
-                raise
+            # losers fail with a unique violation (pg_type) or "already exists" and find the winner's tables on the
+            # next try. Anything else (refused, a bad connection parameter, not a database) is no race.
+            if not _creation_race(exc) or attempt == 3:
+                raise _unavailable(exc, settings) from None
             time.sleep(0.2 * attempt)
-        except OperationalError as exc:
-            raise _unavailable(exc, settings) from None
     raise AssertionError("unreachable")
 
 
 def check_catalog_reachable(settings: Settings) -> None:
     """Open the catalog database once, as pyiceberg does, and close it: a command about to start Spark on the
     catalog fails at once with one line naming the setting, not after the JVM's start with a Java stack trace."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import DBAPIError
 
+    require_catalog_file(settings)  # connecting would create an empty catalog at a mistyped path
     engine = create_engine(pyiceberg_uri(settings))
     try:
-        with engine.connect():
-            pass
-    except OperationalError as exc:
+        with engine.connect() as connection:
+            # SQLite reads the file only at a query that needs it: is it a database at all?
+            sqlite = connection.dialect.name == "sqlite"
+            connection.execute(text("PRAGMA schema_version" if sqlite else "SELECT 1"))
+    except DBAPIError as exc:
         raise _unavailable(exc, settings) from None
     finally:
         engine.dispose()
+
+
+# PostgreSQL's SQLSTATEs of a concurrent CREATE TABLE: unique_violation (pg_type), duplicate_table,
+# duplicate_object.
+_RACE_SQLSTATES = frozenset({"23505", "42P07", "42710"})
+
+
+def _creation_race(exc: Any) -> bool:
+    """Whether ``exc`` is another process creating the catalog tables at the same time (worth a retry)."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    if not isinstance(exc, IntegrityError | ProgrammingError):
+        return False
+    sqlstate = getattr(exc.orig, "pgcode", None)
+    if sqlstate is not None:
+        return sqlstate in _RACE_SQLSTATES
+    return isinstance(exc, IntegrityError) or "already exists" in str(exc.orig)
 
 
 def _unavailable(exc: Any, settings: Settings) -> CatalogUnavailableError:
@@ -212,7 +247,12 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     conf["spark.jars"] = ",".join(spark_jars())
     conf["spark.master"] = settings.spark.master
     conf["spark.driver.memory"] = settings.spark.driver_memory
+    jars = conf["spark.jars"]
     conf.update(settings.spark.conf)
+    if "spark.jars" in settings.spark.conf:
+        # The user's jars (hadoop-aws for s3a://) come in addition to cdclake's: the Iceberg runtime must stay.
+        listed = [jar.strip() for jar in f"{jars},{settings.spark.conf['spark.jars']}".split(",")]
+        conf["spark.jars"] = ",".join(dict.fromkeys(jar for jar in listed if jar))
     # The driver's log settings (spark_conf/log4j2.properties), unless the user names a log4j2 file of their own.
     options = conf.get("spark.driver.extraJavaOptions", "")
     if "log4j2.configurationFile" not in options:

@@ -35,6 +35,7 @@ from ingest.debezium.envelope import HEARTBEAT_PREFIX
 from ingest.errors import ConfigError
 from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
 from ingest.sources.base import TopicSelection
+from ingest.text import first_few
 
 log = logging.getLogger(__name__)
 
@@ -656,12 +657,24 @@ def stale_problems(
     if max_lag is not None:
         # Per partition: one stalled partition hides behind its table's other partitions, which keep committing.
         for table in status.tables:
+            unknown = [f"{part.topic}[{part.partition}]" for part in table.partitions if part.lag is None]
             for part in table.partitions:
                 if part.lag is not None and part.lag > max_lag:
                     problems.append(
                         f"{part.topic}[{part.partition}]: {part.lag:,} record(s) not landed in {table.table}, more "
                         f"than --max-lag {max_lag:,}"
                     )
+            # A lag that could not be read cannot be shown to be within --max-lag (a broker down is no all-clear).
+            if unknown:
+                reasons = list(dict.fromkeys(part.lag_error for part in table.partitions if part.lag_error))
+                if not status.lag_checked:
+                    why = "not checked: --no-lag, or a source without a broker"
+                else:
+                    why = reasons[0] if reasons else "not read"
+                problems.append(
+                    f"{table.table}: lag unknown for {first_few(unknown, 3)} ({why}), cannot check --max-lag "
+                    f"{max_lag:,}"
+                )
     for topic, count in status.topics_without_table.items():
         # As a table's last commit: stale once its oldest record waited longer (or when that is not known).
         since = status.topics_without_table_since.get(topic)
@@ -688,7 +701,7 @@ def stale_problems(
                 )
         if table.last_commit is None:
             problems.append(f"{table.table}: no ingest commit found")
-        elif now - table.last_commit > limit:
+        elif now - table.last_commit > limit and not is_idle(status, table):
             problems.append(
                 f"{table.table}: last commit {format_age(now - table.last_commit)} ago "
                 f"({table.last_commit:%Y-%m-%d %H:%M:%S}Z), older than {stale_after_s:g}s"
@@ -704,6 +717,23 @@ def stale_problems(
                 f"longer than {stale_after_s:g}s"
             )
     return problems
+
+
+def is_idle(status: LakehouseStatus, table: BronzeStatus) -> bool:
+    """Whether nothing waits for ``table``: its lag was read and is 0 on every partition. An old last commit then
+    means a quiet source (idle), not a stalled ingest (stale); with its lag unknown or not checked, it is stale."""
+    return status.lag_checked and bool(table.partitions) and all(part.lag == 0 for part in table.partitions)
+
+
+def idle_tables(status: LakehouseStatus, stale_after_s: float, now: dt.datetime | None = None) -> list[str]:
+    """The bronze tables whose last commit is older than ``stale_after_s`` while nothing waits for them."""
+    now = now or status.generated_at
+    limit = dt.timedelta(seconds=stale_after_s)
+    return [
+        table.table
+        for table in status.tables
+        if table.last_commit is not None and now - table.last_commit > limit and is_idle(status, table)
+    ]
 
 
 def format_age(delta: dt.timedelta) -> str:
@@ -723,6 +753,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 def status_document(status: LakehouseStatus, stale_after_s: float, problems: list[str]) -> dict[str, Any]:
     """The JSON form of `cdclake status --json` (stable keys for scripts)."""
+    idle = idle_tables(status, stale_after_s)
 
     def silver(item: SilverStatus | None) -> dict[str, Any] | None:
         if item is None:
@@ -747,6 +778,8 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
         "stale_after_s": stale_after_s,
         "stale": bool(problems),
         "problems": problems,
+        # Bronze tables not committed for stale_after_s with nothing waiting (lag 0 everywhere): not a problem.
+        "idle": idle,
         "tables": [
             {
                 "name": table.name,
@@ -755,6 +788,7 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
                 "snapshot_id": table.snapshot_id,
                 "last_commit": _iso(table.last_commit),
                 "last_commit_from": table.last_commit_from,
+                "idle": table.table in idle,
                 "lag": table.lag,
                 "offsets": [
                     {

@@ -932,3 +932,123 @@ def test_maintain_silver_applies_deletes(spark_lakehouse: SparkLakehouse, tmp_pa
     rows = sorted(r.id for r in spark.sql("SELECT id FROM ms_silver.accounts").collect())
     assert rows == [i for i in range(30) if i % 3]
     assert _files(settings, "ms_silver.accounts") == (1, 0)  # deletes applied, files compacted
+
+
+# -- status: unknown lag under --max-lag, idle tables ------------------------------------------------------------
+def _kafka_lakehouse(lakehouse: Path, records: int, bootstrap: str = "127.0.0.1:1") -> tuple[Settings, str]:
+    """A lakehouse of ``records`` records of topic i.s.t (partition 0) landed from a file, configured for Kafka."""
+    source = {"type": "kafka", "bootstrap_servers": bootstrap, "topics": ["i.s.t"]}
+    settings = make_settings(lakehouse, source=source)
+    origin = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+    changes = [("i.s.t", n, {"id": n}, {"op": "c", "after": {"id": n}, "source": origin}) for n in range(records)]
+    ingest_file(settings, write_dump(lakehouse / "dump.jsonl", changes))
+    return settings, str(lakehouse / "cdclake.yml")
+
+
+def test_max_lag_with_an_unreachable_broker_is_a_problem(lakehouse: Path) -> None:
+    """`status --max-lag N` with the broker down showed lag n/a, `problems: []` and exit 0: a lag that cannot be
+    read cannot be within N."""
+    settings, config = _kafka_lakehouse(lakehouse, 3)
+    result = invoke(["--config", config, "status", "--json", "--max-lag", "10", "--lag-timeout", "2"])
+    assert result.exit_code == 3, result.output
+    document = orjson.loads(result.stdout)
+    [table] = document["tables"]
+    assert table["offsets"][0]["lag"] is None
+    [problem] = document["problems"]
+    assert problem.startswith(f"{table['table']}: lag unknown for i.s.t[0] ("), problem
+    assert problem.endswith("cannot check --max-lag 10")
+    # Without --max-lag an unknown lag is no problem (as before); not checked at all (--no-lag) it is one.
+    assert stale_problems(collect_status(settings, check_lag=False), 3600) == []
+    unchecked = stale_problems(collect_status(settings, check_lag=False), 3600, max_lag=10)
+    assert unchecked == [
+        f"{table['table']}: lag unknown for i.s.t[0] (not checked: --no-lag, or a source without a broker), "
+        "cannot check --max-lag 10"
+    ]
+
+
+def test_a_table_with_nothing_waiting_is_idle_not_stale(lakehouse: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status --stale-after S` counted a table stale when its last commit was older than S although its lag was
+    read as 0 everywhere (a quiet source): it is idle. With lag waiting, unknown or not checked it stays stale."""
+    from ingest.status import idle_tables
+
+    settings, config = _kafka_lakehouse(lakehouse, 10)
+    caught_up = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 10)))
+    [table] = caught_up.tables
+    later = caught_up.generated_at + dt.timedelta(hours=2)
+    assert [p.lag for p in table.partitions] == [0]
+    assert stale_problems(caught_up, 3600, now=later) == []
+    assert idle_tables(caught_up, 3600, now=later) == [table.table]
+    assert idle_tables(caught_up, 3600) == []  # committed within the hour: neither idle nor stale
+    waiting = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 12)))
+    unknown = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, RuntimeError("down")))
+    unchecked = collect_status(settings, check_lag=False)
+    for status in (waiting, unknown, unchecked):
+        [problem] = stale_problems(status, 3600, now=later)
+        assert problem.startswith(f"{table.table}: last commit 2h00m ago"), problem
+        assert idle_tables(status, 3600, now=later) == []
+
+    monkeypatch.setattr("ingest.status.kafka_watermarks", lambda _s, _t: lambda a: dict.fromkeys(a, Watermarks(0, 10)))
+    monkeypatch.setattr("ingest.status.kafka_partitions", lambda _s, _t: lambda topics: {"i.s.t": [0]})
+    time.sleep(0.05)
+    shown = invoke(["--config", config, "status", "--stale-after", "0"])
+    assert shown.exit_code == 0, shown.output
+    assert f"idle: {table.table}: last commit " in shown.stdout
+    assert "nothing waiting (lag 0)" in shown.stdout
+    as_json = invoke(["--config", config, "status", "--json", "--stale-after", "0"])
+    assert as_json.exit_code == 0, as_json.output
+    document = orjson.loads(as_json.stdout)
+    assert (document["stale"], document["problems"], document["idle"]) == (False, [], [table.table])
+    assert document["tables"][0]["idle"] is True
+
+
+# -- sql without Spark: a query that starts with '-', errors of any kind ------------------------------------------
+def test_sql_takes_a_query_that_starts_with_a_comment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`cdclake sql "-- daily counts\\nselect 1"` failed with click's "No such option"."""
+    from ingest.cli.sql_cmd import SqlRunner
+
+    ran: list[tuple[str, str]] = []
+    monkeypatch.setattr(SqlRunner, "run", lambda self, statement: ran.append((self.fmt, statement)))
+    config = str(make_settings(tmp_path).base_dir) + "/cdclake.yml"
+    query = "-- daily counts\nselect 1"
+    for args, fmt in (
+        ([query], "table"),
+        ([query, "--format", "csv"], "csv"),
+        (["--format", "json", query], "json"),
+        (["--format", "csv", "--", query], "csv"),
+        (["--", query], "table"),
+    ):
+        ran.clear()
+        result = invoke(["--config", config, "sql", *args])
+        assert result.exit_code == 0, (args, result.output)
+        assert ran == [(fmt, query)], args
+    # Real options still are options, and a misspelt one is still an error.
+    assert invoke(["--config", config, "sql", "--help"]).stdout.startswith("Usage: ")
+    misspelt = invoke(["--config", config, "sql", "--fromat", "csv", "select 1"])
+    assert misspelt.exit_code == 2
+    assert "No such option '--fromat'" in misspelt.output
+
+
+def test_sql_script_errors_of_any_kind_are_one_line_and_exit_1(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A statement argument caught only Spark's and Py4J's errors: any other one (while running or printing) was a
+    traceback. As at the prompt: one line, exit 1."""
+    import ingest.cli.sql_cmd as sql_cmd
+
+    config = str(make_settings(tmp_path).base_dir) + "/cdclake.yml"
+    monkeypatch.setattr(sql_cmd.SqlRunner, "spark", property(lambda self: object()))
+
+    def failing(_spark: Any, _statement: str, _max_rows: int | None) -> Any:
+        raise ValueError("cannot convert\nsecond line")
+
+    monkeypatch.setattr(sql_cmd, "execute", failing)
+    result = invoke(["--config", config, "sql", "SELECT 1"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: cannot convert\n"
+
+    def rows() -> Any:
+        yield (1,)
+        raise OSError("broken pipe")
+
+    monkeypatch.setattr(sql_cmd, "execute", lambda _s, _q, _m: sql_cmd.Result(["a"], [True], rows()))
+    printing = invoke(["--config", config, "sql", "--format", "csv", "SELECT 1"])
+    assert printing.exit_code == 1
+    assert printing.stderr == "error: broken pipe\n"

@@ -528,10 +528,12 @@ def test_cdclake_dbt_says_why_dbt_did_not_run(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     from ingest.cli import cli
+    from ingest.lakehouse import load_catalog
 
     project = tmp_path / "project"
     (project / "dbt_packages" / "cdclake").mkdir(parents=True)  # installed: no `dbt deps` first
     config = write(tmp_path, "ingest:\n  max_records: 5\n")
+    load_catalog(load_settings(config, environ={}))  # a lakehouse ingest has created (a missing one is refused)
     runner = CliRunner()
     for args, error in (
         (["biuld"], "No such command 'biuld'"),
@@ -652,3 +654,95 @@ def test_folders_and_ports_that_cannot_be_used_name_their_setting(tmp_path: Path
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=rf"^ingest\.metrics_port: cannot serve on .*:{port}: "):
             MetricsServer(IngestMetrics(), port, 60.0, host="127.0.0.1")
+
+
+def test_a_missing_sqlite_catalog_is_refused_by_every_command_but_ingest_and_demo(tmp_path: Path) -> None:
+    """A mistyped SQLite catalog path: maintain, sql, scaffold and dbt created an empty catalog there (status
+    already refused it). Every one now fails naming the setting and the path, before Spark starts."""
+    from click.testing import CliRunner
+
+    from ingest.cli import cli
+    from ingest.lakehouse import check_catalog_reachable, load_catalog
+
+    typo = tmp_path / "x" / "catalg.db"
+    project = Path(__file__).resolve().parent.parent / "dbt_project"  # the reference project, for scaffold
+    config = write(
+        tmp_path,
+        f"lakehouse:\n  warehouse: {tmp_path}/wh\n  catalog_uri: sqlite:///{typo}\ndbt:\n  project_dir: {project}\n",
+    )
+    message = rf"^lakehouse\.catalog_uri: no catalog database at {re.escape(str(typo))}: "
+    for args in (
+        ["maintain"],
+        ["maintain", "--dry-run"],
+        ["scaffold"],
+        ["sql", "SELECT 1"],
+        ["dbt", "build"],
+        ["status", "--no-lag"],
+    ):
+        result = CliRunner().invoke(cli, ["--config", str(config), *args])
+        assert isinstance(result.exception, ConfigError), (args, result.output, result.exception)
+        assert re.match(message, str(result.exception)), (args, str(result.exception))
+        assert not typo.exists(), args
+        assert not typo.parent.exists(), args
+    settings = load_settings(config, environ={})
+    with pytest.raises(ConfigError, match=message):
+        check_catalog_reachable(settings)
+    with pytest.raises(ConfigError, match=message):
+        load_catalog(settings, create=False)
+    assert not typo.exists()
+    load_catalog(settings)  # ingest and demo create it
+    assert typo.is_file()
+    check_catalog_reachable(settings)
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [
+        # psycopg2 refuses the DSN (ProgrammingError), before any connection.
+        ("postgresql+psycopg2://u:pw-S3cret-77@127.0.0.1:1/db?sslmod=require", 'invalid connection option "sslmod"'),
+        ("sqlite:///{not_a_database}", "file is not a database"),  # DatabaseError
+    ],
+)
+def test_catalog_database_errors_other_than_operational_are_named(tmp_path: Path, uri: str, reason: str) -> None:
+    """Not only OperationalError (refused): a bad connection parameter and a file that is no database escaped as
+    tracebacks (and a ProgrammingError was retried as if another process were creating the tables)."""
+    import time
+
+    from ingest.errors import CatalogUnavailableError
+    from ingest.lakehouse import check_catalog_reachable, load_catalog
+
+    not_a_database = tmp_path / "notes.txt"
+    not_a_database.write_text("these are my notes, not a database\n" * 200)
+    uri = uri.format(not_a_database=not_a_database)
+    settings = load_settings(write(tmp_path, f"lakehouse:\n  warehouse: {tmp_path}/wh\n  catalog_uri: '{uri}'\n"), {})
+    for open_catalog in (load_catalog, check_catalog_reachable):
+        started = time.monotonic()
+        with pytest.raises(CatalogUnavailableError, match=r"^lakehouse\.catalog_uri: cannot open the Iceberg") as e:
+            open_catalog(settings)
+        assert reason in str(e.value), open_catalog
+        assert "pw-S3cret-77" not in str(e.value)
+        assert time.monotonic() - started < 0.5, "retried what is no race"
+
+
+def test_spark_jars_of_the_configuration_add_to_cdclakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/scaling.md: hadoop-aws through spark.jars in spark.conf. It replaced cdclake's list, the Iceberg runtime
+    with it; it is appended now, without duplicates."""
+    from ingest.lakehouse import RUNTIME_DIR_ENV, spark_conf
+
+    runtime = tmp_path / "runtime"
+    (runtime / "jars").mkdir(parents=True)
+    ours = [f"{runtime}/jars/iceberg-spark-runtime.jar", f"{runtime}/jars/sqlite-jdbc.jar"]
+    (runtime / "jars" / "classpath.txt").write_text(",".join(ours) + "\n")
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(runtime))
+    text = f"""
+lakehouse:
+  warehouse: {tmp_path}/wh
+  catalog_uri: sqlite:///{tmp_path}/catalog.db
+spark:
+  conf:
+    spark.jars: /opt/hadoop-aws-3.3.4.jar, {ours[1]},/opt/aws-java-sdk-bundle.jar
+"""
+    conf = spark_conf(load_settings(write(tmp_path, text), environ={}))
+    assert conf["spark.jars"].split(",") == [*ours, "/opt/hadoop-aws-3.3.4.jar", "/opt/aws-java-sdk-bundle.jar"]
+    without = spark_conf(load_settings(write(tmp_path, f"lakehouse:\n  warehouse: {tmp_path}/wh\n"), environ={}))
+    assert without["spark.jars"].split(",") == ours

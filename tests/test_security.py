@@ -220,3 +220,49 @@ def test_generated_table_names_parse_as_spark_identifiers(spark_lakehouse: Spark
     parser = spark_lakehouse.spark._jsparkSession.sessionState().sqlParser()
     for topic in HOSTILE_TOPICS:
         parser.parsePlan(f"select * from bronze.{bronze_table_name(topic)}")
+
+
+def test_azure_keys_and_storage_values_are_never_shown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Azure storage account's key, under spark.conf (spark.hadoop.fs.azure.account.key.<account>...) and under
+    lakehouse.storage (adls.account-key), was left in messages and written into the dbt profile as it is."""
+    import ingest.dbt_runner as dbt_runner
+    from ingest.config import redact
+
+    spark_key = "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net"
+    config = tmp_path / "cdclake.yml"
+    config.write_text(
+        f"""
+lakehouse:
+  warehouse: abfss://lake@acct.dfs.core.windows.net/wh
+  catalog_uri: sqlite:///{tmp_path}/catalog.db
+  storage:
+    adls.account-name: acct-name-1
+    adls.account-key: AzStorageKey+111==
+    adls.sas-token.acct: sv=2024&sig=Sas222
+    s3.path-style-access: "true"
+spark:
+  conf:
+    {spark_key}: AzSparkKey+333==
+    spark.hadoop.fs.azure.account.keyprovider.acct.dfs.core.windows.net: org.example.KeyProvider
+"""
+    )
+    settings = load_settings(config, environ={})
+    message = redact(
+        "denied for acct-name-1 with AzStorageKey+111== / sv=2024&sig=Sas222 / AzSparkKey+333==; path-style true",
+        settings,
+    )
+    for secret in ("acct-name-1", "AzStorageKey+111==", "Sas222", "AzSparkKey+333=="):
+        assert secret not in message, message
+    assert message.endswith("path-style true")  # a switch is no secret
+
+    monkeypatch.setattr(dbt_runner, "profiles_dir", lambda: tmp_path / "dbt")
+    monkeypatch.setattr(dbt_runner, "driver_spark_conf", lambda s: dict(s.spark.conf))  # no jars needed
+    monkeypatch.setattr(dbt_runner, "spark_conf", lambda s: dict(s.spark.conf))
+    written = dbt_runner.write_profile(settings).read_text()
+    assert "AzSparkKey+333==" not in written
+    parameters = yaml.safe_load(written)["cdclake"]["outputs"]["session"]["server_side_parameters"]
+    name = "CDCLAKE_SECRET_SPARK_HADOOP_FS_AZURE_ACCOUNT_KEY_ACCT_DFS_CORE_WINDOWS_NET"
+    assert parameters[spark_key] == f"{{{{ env_var('{name}') }}}}"
+    assert dbt_runner.dbt_environment(settings)[name] == "AzSparkKey+333=="
+    provider = "spark.hadoop.fs.azure.account.keyprovider.acct.dfs.core.windows.net"
+    assert parameters[provider] == "org.example.KeyProvider"  # a class name, no secret

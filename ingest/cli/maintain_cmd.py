@@ -90,7 +90,7 @@ def maintain(
     config = _override(
         maintenance_settings(settings), layers, retain_last=retain_last, expire_older_than_hours=expire_hours
     )
-    catalog = load_catalog(settings)
+    catalog = load_catalog(settings, create=False)
     plans = plan_maintenance(catalog, settings, config, layers, tables or None)
     out = Console(soft_wrap=False)
     if not out.is_terminal:

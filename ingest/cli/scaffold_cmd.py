@@ -34,7 +34,7 @@ def scaffold(ctx: click.Context, select: str | None, history: str) -> int:
             f"dbt.project_dir: {project} is not a dbt project (no dbt_project.yml): point it at yours, or copy "
             "cdclake's dbt_project/ there (docs/silver.md)"
         )
-    tables = BronzeTables(load_catalog(settings), settings.lakehouse.bronze_namespace)
+    tables = BronzeTables(load_catalog(settings, create=False), settings.lakehouse.bronze_namespace)
     report = run_scaffold(tables, project, select, "scd2" if history == "scd2" else "current")
     for path in report.written:
         click.echo(f"wrote {path}")

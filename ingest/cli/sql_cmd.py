@@ -25,6 +25,7 @@ import orjson
 
 from ingest.cli.common import config_option, settings_from
 from ingest.config import Settings, redact
+from ingest.errors import CdclakeError
 from ingest.maintenance import spark_error_line
 
 FORMATS = ("table", "csv", "json", "jsonl")
@@ -300,13 +301,6 @@ class SqlRunner:
         return redact(spark_error_line(error), self.settings)
 
 
-def _sql_errors() -> tuple[type[BaseException], ...]:
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    return (PySparkException, Py4JError)
-
-
 def repl(
     run: Callable[[str], None],
     read: Callable[[str], str],
@@ -355,7 +349,39 @@ def _history(path: Path) -> Iterator[None]:
             readline.write_history_file(path)
 
 
-@click.command()
+class _SqlCommand(click.Command):
+    """Takes a QUERY that starts with ``-`` (``cdclake sql "-- daily counts\nSELECT 1"``) as the query, where
+    click would look for an option of that name: an argument that starts with ``-``, names none of the command's
+    options and holds whitespace is moved behind ``--``. ``cdclake sql -- "..."`` works too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = {name for param in self.get_params(ctx) for name in (*param.opts, *param.secondary_opts)}
+        with_value = {
+            name
+            for param in self.get_params(ctx)
+            if isinstance(param, click.Option) and not param.is_flag and not param.count
+            for name in param.opts
+        }
+        kept: list[str] = []
+        queries: list[str] = []
+        rest = list(args)
+        while rest:
+            arg = rest.pop(0)
+            if arg == "--":
+                kept += [arg, *rest]
+                break
+            if arg in with_value and rest:  # the option's value, whatever it looks like
+                kept += [arg, rest.pop(0)]
+            elif arg.startswith("-") and arg.split("=", 1)[0] not in names and any(c.isspace() for c in arg):
+                queries.append(arg)
+            else:
+                kept.append(arg)
+        if queries:
+            kept = [*kept, *queries] if "--" in kept else [*kept, "--", *queries]
+        return super().parse_args(ctx, kept)
+
+
+@click.command(cls=_SqlCommand)
 @config_option
 @click.argument("query", required=False)
 @click.option(
@@ -374,7 +400,11 @@ def _history(path: Path) -> Iterator[None]:
 )
 @click.pass_context
 def sql(ctx: click.Context, query: str | None, fmt: str, max_rows: int | None) -> None:
-    """Run Spark SQL on the lakehouse (QUERY, or a prompt / stdin script when omitted)."""
+    """Run Spark SQL on the lakehouse (QUERY, or a prompt / stdin script when omitted).
+
+    A QUERY may start with a comment (cdclake sql "-- daily counts ..."); `cdclake sql -- QUERY` always takes
+    QUERY as the query.
+    """
     settings = settings_from(ctx)
     runner = SqlRunner(settings, fmt, max_rows)
 
@@ -389,7 +419,9 @@ def sql(ctx: click.Context, query: str | None, fmt: str, max_rows: int | None) -
         for statement in statements:
             try:
                 runner.run(statement)
-            except _sql_errors() as exc:
+            except CdclakeError:
+                raise  # a setting that keeps Spark from starting: cdclake's error (exit 2), not the statement's
+            except Exception as exc:  # as at the prompt: one line, whatever failed (Spark, or printing the result)
                 fail(exc)
                 ctx.exit(1)
         return

@@ -1,7 +1,8 @@
 """`cdclake status`: rows, offsets, lag, dead letters per bronze table and how far silver is behind.
 
-Exit codes: 0 fresh, 3 stale (a bronze table not committed for --stale-after seconds, or a silver table behind
-bronze for longer than that). Reads Iceberg metadata only; no Spark.
+Exit codes: 0 fresh, 3 stale (a bronze table not committed for --stale-after seconds while records wait for it or
+its lag is unknown, or a silver table behind bronze for longer than that). A table not committed for that long with
+lag 0 on every partition is idle, not stale. Reads Iceberg metadata only; no Spark.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from rich.console import Console
 
 from ingest.cli.common import config_option, settings_from
 from ingest.config import redact, redact_values
-from ingest.errors import ConfigError
-from ingest.lakehouse import sqlite_catalog_file
+from ingest.lakehouse import require_catalog_file
 from ingest.status import (
     DEFAULT_STALE_AFTER_S,
     BronzeStatus,
     LakehouseStatus,
     collect_status,
     format_age,
+    idle_tables,
     stale_problems,
     status_document,
 )
@@ -40,7 +41,8 @@ STALE_EXIT_CODE = 3
     default=DEFAULT_STALE_AFTER_S,
     show_default=True,
     help=(
-        "Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds); "
+        "Exit with code 3 when a bronze table's last commit, or silver's lag behind bronze, is older (seconds), "
+        "unless the table's lag was read as 0 on every partition (nothing waiting: shown as idle); "
         "also for a bronze table with no ingest commit, a topic whose records are all dead letters (one within "
         "this time), a topic of the subscription that holds records but has no bronze table (with --lag), and a "
         "partition whose log starts after bronze's next offset (records deleted unlanded)."
@@ -52,7 +54,8 @@ STALE_EXIT_CODE = 3
     type=click.IntRange(min=0),
     default=None,
     help="Exit with code 3 also when a partition has more records than this not landed (per partition: a stalled "
-    "one shows while its table's others commit). Off by default.",
+    "one shows while its table's others commit), or when a partition's lag could not be read (broker unreachable, "
+    "--no-lag). Off by default.",
 )
 @click.option("--lag-timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, help="Seconds.")
 @click.pass_context
@@ -67,13 +70,8 @@ def status(
 ) -> None:
     """Show bronze and silver tables: rows, offsets, lag, dead letters, freshness (TABLES: bronze names)."""
     settings = settings_from(ctx)
-    catalog_file = sqlite_catalog_file(settings)
-    if catalog_file is not None and not catalog_file.exists():
-        # Opening it would create an empty catalog, and the status of an empty lakehouse is "fresh".
-        raise ConfigError(
-            f"lakehouse.catalog_uri: no catalog database at {catalog_file}: nothing has been landed with this "
-            "configuration yet, or the path is mistyped"
-        )
+    # Opening a missing one would create an empty catalog, and the status of an empty lakehouse is "fresh".
+    require_catalog_file(settings)
     result = collect_status(settings, tables=list(tables) or None, check_lag=lag, lag_timeout_s=lag_timeout)
     problems = stale_problems(result, stale_after, max_lag=max_lag)
     if as_json:
@@ -196,5 +194,11 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
         console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table)", style="red"))
     for topic, count in status.topics_without_table.items():
         console.print(Text(f"not landed: {count:,} record(s) of {topic} (no bronze table)", style="red"))
+    for name in idle_tables(status, stale_after):
+        table = next(item for item in status.tables if item.table == name)
+        assert table.last_commit is not None
+        console.print(
+            Text(f"idle: {name}: last commit {format_age(now - table.last_commit)} ago, nothing waiting (lag 0)")
+        )
     if not problems:
         console.print(Text(f"fresh (--stale-after {stale_after:g}s)", style="green"))
