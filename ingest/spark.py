@@ -30,9 +30,36 @@ def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     from pyspark.sql import SparkSession
 
     conf = driver_spark_conf(settings)  # the driver maps the classes setup archived
+    launch, secrets = split_secrets(conf)
     builder = SparkSession.builder.appName(app_name)
-    for key, value in conf.items():
+    for key, value in launch.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    apply_secrets(session, secrets)
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def split_secrets(conf: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The settings a new driver is launched with, and the secrets set once it runs. pyspark launches the driver
+    as `spark-submit --conf KEY=VALUE ...`, a command line any local user can read (`ps`): the catalog's and the
+    storage's secrets (``spark.sql.*``, ``spark.hadoop.*``; the catalog is loaded at the first statement) stay off
+    it. Other secret settings are Spark's own launch settings, which a running session cannot take."""
+    from ingest.lakehouse import secret_spark_keys
+
+    secrets = {key: conf[key] for key in secret_spark_keys(conf) if key.startswith(("spark.sql.", "spark.hadoop."))}
+    return {key: value for key, value in conf.items() if key not in secrets}, secrets
+
+
+def apply_secrets(session: Any, secrets: dict[str, str]) -> None:
+    """Set :func:`split_secrets`'s secrets on the running ``session``: Hadoop's in its configuration (Spark reads
+    ``spark.hadoop.*`` into it only at launch), the others as session settings."""
+    prefix = "spark.hadoop."
+    hadoop = {key.removeprefix(prefix): value for key, value in secrets.items() if key.startswith(prefix)}
+    if hadoop:
+        configuration = session.sparkContext._jsc.hadoopConfiguration()
+        for key, value in hadoop.items():
+            configuration.set(key, value)
+    for key, value in secrets.items():
+        if not key.startswith(prefix):
+            session.conf.set(key, value)

@@ -89,8 +89,11 @@ the catalog password but refers to it as `env_var('{PASSWORD_ENV}')`, and any ot
 secret (`spark.hadoop.fs.s3a.secret.key`), or whose value is a URI with a password in it (the catalog's JDBC URL
 with `sslpassword=`), as `env_var('CDCLAKE_SECRET_<SETTING>')`
 (`CDCLAKE_SECRET_SPARK_HADOOP_FS_S3A_SECRET_KEY`), which `cdclake dbt` sets (`cdclake dbt-profile` names them, for
-plain `dbt`); the file is readable by its owner only. A password inside a URI must be percent-encoded if it
-contains `@ : / ? #`.
+plain `dbt`); the file is readable by its owner only. The Spark driver cdclake starts (`cdclake sql`, `maintain`,
+`dbt`) is launched without these secrets among its `spark-submit --conf` arguments, which any local user can read
+in `ps`: the `spark.sql.*` and `spark.hadoop.*` ones are set on the running session (plain `dbt`, which starts the
+driver itself from the profile, passes them all on its command line). A password inside a URI must be
+percent-encoded if it contains `@ : / ? #`.
 
 Keys marked *(secret)* hold secret strings. Types follow the YAML: a *map* is a mapping, a *list* a sequence.
 """

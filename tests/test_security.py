@@ -266,3 +266,74 @@ spark:
     assert dbt_runner.dbt_environment(settings)[name] == "AzSparkKey+333=="
     provider = "spark.hadoop.fs.azure.account.keyprovider.acct.dfs.core.windows.net"
     assert parameters[provider] == "org.example.KeyProvider"  # a class name, no secret
+
+
+LAUNCH_CAPTURE = """
+import json, sys
+import pyspark.java_gateway as gateway
+import ingest.lakehouse
+from ingest.config import load_settings
+from ingest.spark import spark_session
+
+class Launched(Exception):
+    pass
+
+def popen(command, *args, **kwargs):  # the spark-submit command line, not run
+    print(json.dumps(command))
+    raise Launched
+
+gateway.Popen = popen
+ingest.lakehouse.check_catalog_reachable = lambda settings: None  # no catalog database here
+try:
+    spark_session(load_settings(sys.argv[1], environ={}))
+except Launched:
+    pass
+"""
+
+
+def test_secrets_stay_off_the_drivers_command_line(tmp_path: Path) -> None:
+    """pyspark launches the driver as `spark-submit --conf KEY=VALUE ...`, which `ps` shows any local user: the
+    catalog's password, a JDBC URL with one, and the storage's keys are set on the running session instead."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "cdclake.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "lakehouse": {
+                    "warehouse": str(tmp_path / "warehouse"),
+                    "catalog_uri": "postgresql+psycopg2://u:S3cretPw@127.0.0.1:1/db?sslpassword=K3yPw",
+                },
+                "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "S3cretKey", "spark.ui.enabled": "false"}},
+            }
+        )
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", LAUNCH_CAPTURE, str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    command = " ".join(orjson.loads(run.stdout.strip().splitlines()[-1]))
+    assert "spark.ui.enabled=false" in command  # the capture works: the other settings are there
+    assert "spark.sql.catalog.lake.jdbc.user=u" in command
+    for secret in ("S3cretPw", "K3yPw", "S3cretKey"):
+        assert secret not in command
+
+
+def test_secrets_are_set_on_the_running_session(spark_lakehouse: SparkLakehouse) -> None:
+    """What split_secrets keeps off the command line reaches the session: catalog settings as session settings,
+    Hadoop's in its configuration."""
+    from ingest.spark import apply_secrets, split_secrets
+
+    conf = {"spark.hadoop.fs.test.secret.key": "hadoop-secret", "spark.sql.catalog.other.jdbc.password": "pw"}
+    launch, secrets = split_secrets({**conf, "spark.ui.enabled": "false"})
+    assert launch == {"spark.ui.enabled": "false"}
+    assert secrets == conf
+    spark = spark_lakehouse.spark
+    apply_secrets(spark, secrets)
+    try:
+        assert spark.sparkContext._jsc.hadoopConfiguration().get("fs.test.secret.key") == "hadoop-secret"
+        assert spark.conf.get("spark.sql.catalog.other.jdbc.password") == "pw"
+    finally:
+        spark.sparkContext._jsc.hadoopConfiguration().unset("fs.test.secret.key")
+        spark.conf.unset("spark.sql.catalog.other.jdbc.password")
