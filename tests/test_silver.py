@@ -1198,6 +1198,32 @@ def test_a_model_column_named_like_an_image_column_fails_the_run(harness: Silver
     assert harness.rows(f"silver.{topic.table}", "id, v", "id") == [{"id": 1, "v": "a"}]
 
 
+def test_a_unit_over_broadcast_max_changes_is_joined_without_broadcasting(harness: SilverHarness, dumps: Path) -> None:
+    """A unit of work of more bronze rows than `broadcast_max_changes` (a snapshot taken again, a long backlog) is
+    joined with silver without broadcasting its keys, which need not fit in the driver's memory, and says so; the
+    result is the same. A value that is no number fails the run naming the option."""
+    topic = harness.topic("no_broadcast")
+    config = "broadcast_max_changes=3"
+    harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b"), Change(C, 3, 3, "c")], dumps, config)
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
+    harness.apply(topic, [Change(U, 1, 4, "a2"), Change(D, 2, 5), Change(C, 4, 6, "d")], dumps, config)
+    assert harness.silver(topic) == {1: "a2", 3: "c", 4: "d"} == topic.expected()
+    # 4 rows: the delete's tombstone is one too
+    logged = log.read_bytes()[start:].decode()
+    assert "a unit of 4 bronze rows (over broadcast_max_changes)" in logged
+    assert "BROADCAST(" not in logged  # the statements dbt logs
+    start = log.stat().st_size
+    harness.apply(topic, [Change(U, 3, 7, "c2"), Change(C, 5, 8, "e")], dumps, config)  # 2 rows: broadcast
+    assert harness.silver(topic) == {1: "a2", 3: "c2", 4: "d", 5: "e"} == topic.expected()
+    logged = log.read_bytes()[start:].decode()
+    assert "over broadcast_max_changes" not in logged
+    assert "BROADCAST(" in logged
+    harness.write_model(topic, "broadcast_max_changes='many'")
+    assert not harness.build(topic)
+    assert "broadcast_max_changes must be a whole number of bronze rows, not 'many'" in log.read_text()
+
+
 def test_a_compaction_of_bronze_between_runs_is_neither_missed_nor_applied_again(
     harness: SilverHarness, dumps: Path
 ) -> None:

@@ -142,12 +142,13 @@
   The bronze snapshot the lakehouse is at now and whether snapshot `start` (if any) still exists, in one query:
   {'end': id or None (a table never written), 'start_known': bool, 'end_truncates', 'start_truncates': the running
   count of truncate records `cdclake ingest` keeps in each snapshot's summary (`cdclake.truncates-total`; None
-  where a snapshot has none), 'end_records': bronze's row count at `end` (Iceberg's `total-records`)}. Main's
+  where a snapshot has none), 'end_records', 'start_records': bronze's row count at `end` and `start` (Iceberg's
+  `total-records`)}. Main's
   snapshot is looked up among the snapshots: read from two loads of the table metadata, a summary from before main
   moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
-  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none} -%}
+  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none, 'start_records': none} -%}
   {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
     {{ return(unwritten) }}
@@ -155,10 +156,10 @@
   {%- set total = "summary['cdclake.truncates-total']" -%}
   {%- set unavailable = "summary['cdclake.unavailable-total']" -%}
   {%- set start_id = 'null' if start is none else (start | int) -%}
-  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id], s.unavailable[" ~ start_id ~ "], s.unavailable[r.snapshot_id], s.records[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals, map_from_entries(collect_list(struct(snapshot_id, " ~ unavailable ~ "))) as unavailable, map_from_entries(collect_list(struct(snapshot_id, summary['total-records']))) as records from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
+  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id], s.unavailable[" ~ start_id ~ "], s.unavailable[r.snapshot_id], s.records[r.snapshot_id], s.records[" ~ start_id ~ "] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals, map_from_entries(collect_list(struct(snapshot_id, " ~ unavailable ~ "))) as unavailable, map_from_entries(collect_list(struct(snapshot_id, summary['total-records']))) as records from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
   {%- if not rows -%}{{ return(unwritten) }}{%- endif -%}
   {%- set row = rows[0] -%}
-  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2], 'end_unavailable': row[5], 'start_unavailable': row[4], 'end_records': row[6]}) }}
+  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2], 'end_unavailable': row[5], 'start_unavailable': row[4], 'end_records': row[6], 'start_records': row[7]}) }}
 {%- endmacro %}
 
 

@@ -13,7 +13,7 @@
   condition on bronze rows whose changes are not applied, see without_excluded_changes), batch_catalog,
   ignore_null_updates (partial images: a null in an update keeps the key's previous value), unavailable_value
   (Debezium's unavailable.value.placeholder, default '__debezium_unavailable_value'; none: taken as a value),
-  tombstone_horizon_days,
+  tombstone_horizon_days, broadcast_max_changes (the largest unit of work whose keys are broadcast, 2,000,000),
   history ('current', default | 'scd2': one row per version of each key, see scd2.sql), on_schema_change
   ('append_new_columns', default | 'ignore' | 'fail': columns the source added, see evolve_silver_schema).
 
@@ -154,6 +154,13 @@
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
         bronze column (docs/silver.md). -#}
     {%- set incremental = start is not none -%}
+    {#- An incremental unit's keys are broadcast to the joins with silver, unless the unit is large (a snapshot taken
+        again, a long backlog): broadcasting millions of keys would exhaust the driver's memory on every retry. -#}
+    {%- set unit_rows = none if snapshots.end_records is none or snapshots.start_records is none else (snapshots.end_records | int) - (snapshots.start_records | int) -%}
+    {%- set broadcast = incremental and (unit_rows is none or unit_rows <= (config.get('broadcast_max_changes', 2000000) | int)) -%}
+    {%- if incremental and not broadcast -%}
+      {{ log("cdclake: " ~ identifier ~ ": a unit of " ~ unit_rows ~ " bronze rows (over broadcast_max_changes): joined with silver without broadcasting its keys", info=true) }}
+    {%- endif -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
     {%- do layout.update({'run_tables': run.batch}) -%}
@@ -202,7 +209,7 @@
           DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete).
           Those of earlier runs hold nothing this one needs. -#}
       {%- set batch = run.batch -%}
-      {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, incremental)) %}
+      {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast)) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {#- Without a null key in the batch, its keys match silver's with `=` (a faster join, the same rows). -#}
@@ -221,7 +228,7 @@
         {%- set read_snapshot = properties.get('current-snapshot-id') -%}
         {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
         {%- set staged = target ~ '.branch_' ~ branch -%}
-        {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, incremental, null_safe)) %}
+        {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, broadcast, null_safe)) %}
         {%- if new_truncate and delete_mode == 'soft' -%}
           {% do run_query(cdclake.void_kept_values_sql(layout, staged, truncate)) %}
         {%- endif -%}
@@ -772,7 +779,7 @@
   change before the delete: the unit's, or silver's row when the unit has none newer than it (a late change).
   A table, not a cached view: the statements after it change silver and the tombstones, which a view over them
   would follow, and its size is known when the DELETE broadcasts it. `broadcast`: the input is one incremental
-  unit (not a re-read of all of bronze).
+  unit (not a re-read of all of bronze) of at most broadcast_max_changes bronze rows.
 -#}
 {% macro batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast) -%}
   {{ return(adapter.dispatch('batch_sql', 'cdclake')(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast)) }}
