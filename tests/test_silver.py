@@ -1095,6 +1095,29 @@ def test_tombstones_outlive_their_key_until_the_horizon(harness: SilverHarness, 
     assert harness.silver(topic) == {3: "c"}
 
 
+@pytest.mark.parametrize("mode", ["hard", pytest.param("soft", marks=pytest.mark.slow)])
+def test_a_quiet_table_purges_past_the_horizon_too(harness: SilverHarness, tmp_path: Path, mode: str) -> None:
+    """A run with nothing new in bronze still purges what passed the horizon (before, only a run with changes did,
+    so a table that went quiet kept its tombstones, or soft-deleted rows, for good); one with nothing to purge
+    either leaves silver and its tombstones as they were."""
+    topic = harness.topic(f"quiet_horizon_{mode}")
+    config = f"tombstone_horizon_days=3, delete_mode='{mode}'"
+    harness.apply(topic, [Change("c", 1, 10, "a"), Change("c", 2, 11, "b"), Change("d", 1, 20)], tmp_path, config)
+    table = f"silver.{topic.table}" + ("__cdc_tombstones" if mode == "hard" else "")
+    held = (lambda: tombstone_keys(harness, topic)) if mode == "hard" else (lambda: sorted(harness.silver(topic)))
+    assert held() == ([1] if mode == "hard" else [1, 2])
+
+    def snapshots() -> list[int]:
+        return [len(harness.rows(f"{t}.snapshots", "snapshot_id")) for t in (f"silver.{topic.table}", table)]
+
+    before = snapshots()
+    assert harness.build(topic)  # nothing to purge
+    assert snapshots() == before
+    age(harness, table, days=4, where="id = 1")
+    assert harness.build(topic)
+    assert held() == ([] if mode == "hard" else [2])
+
+
 def test_without_a_horizon_tombstones_are_kept(harness: SilverHarness, tmp_path: Path) -> None:
     topic = harness.topic("forever")
     harness.apply(topic, [Change("c", 1, 10, "a"), Change("d", 1, 20)], tmp_path)

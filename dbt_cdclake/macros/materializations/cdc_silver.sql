@@ -123,6 +123,10 @@
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
+    {#- The horizon passes whether or not the table changes: a quiet table purges too. -#}
+    {%- if horizon is not none and existing is not none and history != 'scd2' -%}
+      {% do cdclake.purge_past_horizon(target, tombstones, delete_mode, horizon) %}
+    {%- endif -%}
   {%- elif existing is none and cdclake.awaiting_keys(bronze, end) -%}
     {{ log("cdclake: " ~ identifier ~ ": " ~ bronze ~ " holds only truncates so far, which carry no key; nothing to apply until its first change", info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
@@ -273,11 +277,11 @@
       {% do cdclake.drop_batch_tables(target, run.schemas, run.name) %}
     {%- endif -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
-      {% do run_query('delete from ' ~ tombstones ~ ' where _cdc_deleted_at < current_timestamp() - interval ' ~ (horizon | int) ~ ' days') %}
+      {% do cdclake.purge_past_horizon(target, tombstones, delete_mode, horizon) %}
     {%- elif horizon is not none and existing is not none and not removes_rows -%}
       {#- A run that staged a branch purged there, and a first build has nothing past the horizon; otherwise this
           is the run's only step of main. -#}
-      {% do run_query(cdclake.soft_delete_purge_sql(target, horizon)) %}
+      {% do cdclake.purge_past_horizon(target, tombstones, delete_mode, horizon) %}
     {%- endif -%}
   {%- endif -%}
 
@@ -498,9 +502,23 @@
 {%- endmacro %}
 
 
+{#- Past the tombstone horizon (tombstone_horizon_days): tombstones (hard deletes), or soft-deleted rows, leave.
+    Looked for first: Iceberg commits a DELETE that matches nothing as a snapshot of its own, every run. -#}
+{% macro purge_past_horizon(target, tombstones, delete_mode, horizon) -%}
+  {%- set relation = tombstones if delete_mode == 'hard' else target -%}
+  {%- set past = cdclake.past_horizon_sql(horizon, soft=delete_mode != 'hard') -%}
+  {%- if run_query("select 1 from " ~ relation ~ " where " ~ past ~ " limit 1").rows | length > 0 -%}
+    {% do run_query("delete from " ~ relation ~ " where " ~ past) %}
+  {%- endif -%}
+{%- endmacro %}
+
 {#- Soft-deleted rows past the tombstone horizon (tombstone_horizon_days) leave silver. -#}
 {% macro soft_delete_purge_sql(relation, horizon) -%}
-  delete from {{ relation }} where _cdc_deleted and _cdc_deleted_at < current_timestamp() - interval {{ horizon | int }} days
+  delete from {{ relation }} where {{ cdclake.past_horizon_sql(horizon, soft=true) }}
+{%- endmacro %}
+
+{% macro past_horizon_sql(horizon, soft) -%}
+  {% if soft %}_cdc_deleted and {% endif %}_cdc_deleted_at < current_timestamp() - interval {{ horizon | int }} days
 {%- endmacro %}
 
 
