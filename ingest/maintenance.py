@@ -108,17 +108,22 @@ def _list_tables(catalog: Catalog, namespace: str) -> list[str]:
         return []
 
 
-def silver_positions(catalog: Catalog, silver_namespace: str) -> dict[int, str]:
-    """Bronze snapshot id -> the silver table that has applied up to it."""
+def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, str]:
+    """Bronze snapshot id -> the silver table that has applied up to it, in any namespace but bronze's: a dbt model
+    with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too."""
     positions: dict[int, str] = {}
-    for name in _list_tables(catalog, silver_namespace):
-        try:
-            table = catalog.load_table(f"{silver_namespace}.{name}")
-        except NoSuchTableError:
+    namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
+    for namespace in namespaces:
+        if namespace == bronze_namespace:
             continue
-        value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
-        if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
-            positions[int(value)] = f"{silver_namespace}.{name}"
+        for name in _list_tables(catalog, namespace):
+            try:
+                table = catalog.load_table(f"{namespace}.{name}")
+            except NoSuchTableError:
+                continue
+            value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
+            if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+                positions[int(value)] = f"{namespace}.{name}"
     return positions
 
 
@@ -245,7 +250,7 @@ def plan_maintenance(
     maintenance = maintenance or maintenance_settings(settings)
     now = now or dt.datetime.now(dt.UTC)
     lake = settings.lakehouse
-    protected = silver_positions(catalog, lake.silver_namespace) if maintenance.keep_silver_position else {}
+    protected = silver_positions(catalog, lake.bronze_namespace) if maintenance.keep_silver_position else {}
     plans: list[TablePlan] = []
     found: set[str] = set()
     listed: list[str] = []

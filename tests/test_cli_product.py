@@ -29,6 +29,7 @@ from ingest.lakehouse import load_catalog
 from ingest.maintenance import (
     plan_maintenance,
     protected_position,
+    silver_positions,
     spark_error_line,
     timestamp_literal,
 )
@@ -1052,3 +1053,19 @@ def test_sql_script_errors_of_any_kind_are_one_line_and_exit_1(monkeypatch: pyte
     printing = invoke(["--config", config, "sql", "--format", "csv", "SELECT 1"])
     assert printing.exit_code == 1
     assert printing.stderr == "error: broken pipe\n"
+
+
+def test_silver_tables_of_any_namespace_keep_their_bronze_snapshot(tmp_path: Path) -> None:
+    """A dbt model with a `schema` of its own writes silver to `silver_<schema>`: maintain keeps the bronze snapshot
+    it applied too, as it does for the silver namespace's tables (bronze's own tables are no silver)."""
+    settings = make_settings(tmp_path)
+    catalog = load_catalog(settings)
+    schema = pa.schema([pa.field("id", pa.int64())])
+    for namespace, name, snapshot in (("silver", "a", 11), ("silver_finance", "b", 22), ("bronze", "c", 33)):
+        catalog.create_namespace_if_not_exists(namespace)
+        catalog.create_table(f"{namespace}.{name}", schema, properties={APPLIED_SNAPSHOT_PROPERTY: str(snapshot)})
+    catalog.create_table("silver_finance.plain", schema)
+    assert silver_positions(catalog, settings.lakehouse.bronze_namespace) == {
+        11: "silver.a",
+        22: "silver_finance.b",
+    }
