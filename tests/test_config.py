@@ -440,6 +440,7 @@ def test_cdclake_dbt_starts_spark_beside_dbt_only_in_a_process_of_its_own(monkey
     from pyspark.sql.session import SparkSession
 
     import ingest.dbt_runner as dbt_runner
+    import ingest.lakehouse
     import ingest.spark
     from ingest.cli import cli
 
@@ -447,6 +448,7 @@ def test_cdclake_dbt_starts_spark_beside_dbt_only_in_a_process_of_its_own(monkey
     monkeypatch.setattr(ingest.spark, "spark_session", lambda settings, app_name: started.append(app_name))
     monkeypatch.setattr(dbt_runner, "run_dbt", lambda settings, args: True)
     monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
+    monkeypatch.setattr(ingest.lakehouse, "check_catalog_reachable", lambda settings: None)  # no lakehouse here
 
     def started_by(argv: list[str], obj: dict[str, object] | None = None) -> list[str]:
         started.clear()

@@ -538,7 +538,7 @@ def test_status_names_a_subscribed_topic_that_has_no_bronze_table(lakehouse: Pat
     or started before the topic was added) was left out of `cdclake status`, which said "fresh". It is listed
     with its records, and is stale once its oldest record waited longer than --stale-after, as a table's last
     commit is. Heartbeat topics never land, and are not listed."""
-    from ingest.status import collect_status, stale_problems, status_document
+    from ingest.status import collect_status, idle_tables, stale_problems, status_document
 
     landed, waiting = "dbserver1.inventory.customers", "dbserver1.inventory.orders"
     records = _customer_records(10)
@@ -567,7 +567,9 @@ def test_status_names_a_subscribed_topic_that_has_no_bronze_table(lakehouse: Pat
         f"topic {waiting}: 5 record(s) in the cluster for 2h00m and no bronze table: nothing of it has landed (is "
         "ingest running, and does its subscription take the topic?)"
     )
-    assert later[1:] == [next(p for p in later if p.startswith("bronze.dbserver1_inventory_customers: last commit"))]
+    # The landed table committed as long ago, but nothing waits for it (lag 0): idle, not stale.
+    assert later[1:] == []
+    assert idle_tables(status, 3600, now=since + dt.timedelta(hours=2)) == ["bronze.dbserver1_inventory_customers"]
     assert status_document(status, 3600, later)["topics_without_table"] == {
         waiting: {"records": 5, "since": since.isoformat().replace("+00:00", "Z")}
     }

@@ -224,7 +224,7 @@ def test_the_command_says_why_there_is_nothing_to_scaffold(lakehouse: Path, tmp_
     unmatched = CliRunner().invoke(cli, ["--config", config, "scaffold", "--select", "dbserver2_*"])
     assert unmatched.exit_code == 0, unmatched.output
     assert "nothing to scaffold: no table of bronze matches --select 'dbserver2_*' (dbserver1_" in unmatched.output
-    make_settings(tmp_path / "empty", dbt={"project_dir": str(project)})
+    load_catalog(make_settings(tmp_path / "empty", dbt={"project_dir": str(project)}))  # created, no table yet
     empty = CliRunner().invoke(cli, ["--config", str(tmp_path / "empty" / "cdclake.yml"), "scaffold"])
     assert empty.exit_code == 0, empty.output
     assert "nothing to scaffold: bronze has no tables yet (`cdclake ingest` creates them)" in empty.output
