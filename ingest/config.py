@@ -260,8 +260,10 @@ class IngestSettings(_Section):
     )
     commit_attempts: int = Field(default=8, ge=1, description="Tries per table commit before the service stops.")
     on_type_conflict: Literal["dead_letter", "fail"] = Field(
-        default="dead_letter",
-        description="A column whose type changes in a way that cannot widen: dead-letter the record, or stop.",
+        default="fail",
+        description="A column whose type changes in a way that cannot widen: stop, naming the record, table, column "
+        "and both types (as a Kafka Connect sink fails its task), or dead-letter the record and every later one of "
+        "that type, which silver then never sees.",
     )
     variable_scale_decimal_scale: int = Field(
         default=10, ge=0, le=38, description="Scale of the decimal(38, s) column for VariableScaleDecimal values."

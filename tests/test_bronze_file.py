@@ -230,7 +230,7 @@ def test_schema_evolution_and_type_conflicts(lakehouse: Path, tmp_path: Path) ->
             ("p.s.t", 4, key(5), schema_record([ID, NAME], {"id": 5, "name": "z"}, 14)),
         ],
     )
-    ingest_file(settings, dump)
+    ingest_file(settings, dump, on_type_conflict="dead_letter")
     table = load_catalog(settings).load_table("bronze.p_s_t")
     after = table.schema().find_field("after").field_type
     assert {f.name: str(f.field_type) for f in after.fields} == {"id": "long", "name": "string"}
@@ -293,7 +293,7 @@ def test_changes_iceberg_cannot_evolve_to_are_dead_letters(lakehouse: Path, tmp_
             ("p.s.t", 3, key(4), schema_record([ID, int_map, NAME], {"id": 4, "m": [[4, "d"]], "name": "w"}, 13)),
         ],
     )
-    ingest_file(settings, dump, max_records=1)
+    ingest_file(settings, dump, max_records=1, on_type_conflict="dead_letter")
     data = load_catalog(settings).load_table("bronze.p_s_t").scan().to_arrow()
     assert sorted(data.column("_cdc_offset").to_pylist()) == [0, 3]
     errors = {letter["_cdc_offset"]: letter["_cdc_error"] for letter in rows(settings, DEAD_LETTER_TABLE)}
@@ -598,7 +598,7 @@ def test_a_type_conflict_with_a_buffered_record_is_a_dead_letter_after_a_reload(
         ],
         partitions=[0, 1],
     )
-    ingest_file(settings, dump)
+    ingest_file(settings, dump, on_type_conflict="dead_letter")
     data = load_catalog(settings).load_table("bronze.p_s_t").scan().to_arrow()
     assert data.select(["_cdc_partition", "_cdc_offset"]).to_pylist() == [{"_cdc_partition": 0, "_cdc_offset": 0}]
     dead = rows(settings, DEAD_LETTER_TABLE)
@@ -1059,7 +1059,7 @@ def test_a_column_in_a_commit_in_flight_still_guards_the_next_records(lakehouse:
             ("p.s.t", 2, key(3), schema_record(int_x, {"id": 3, "name": "c", "x": 7}, 12)),
         ],
     )
-    pipeline = file_pipeline(settings, dump, max_records=1, background_commit=True)
+    pipeline = file_pipeline(settings, dump, max_records=1, background_commit=True, on_type_conflict="dead_letter")
     commit = pipeline.tables.commit
 
     def slow_commit(batch: Any, on_retry: Any = None) -> int:
