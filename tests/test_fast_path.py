@@ -33,6 +33,7 @@ from ingest.fakes import build_stream
 from ingest.pipeline import Pipeline
 from ingest.sources.file import parse_line
 from tests.conftest import FIXTURES
+from tests.test_envelope import HEARTBEAT_KEY_SCHEMA, HEARTBEAT_VALUE_SCHEMA
 
 INGESTED_AT = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.UTC)
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
@@ -272,18 +273,7 @@ def test_mongodb_oplog_mode_transactions_without_their_place_are_warned_about_on
 
 def heartbeats(topic: str, count: int, schemas: bool) -> list[RawRecord]:
     """Heartbeats as Debezium sends them to ``<topic.heartbeat.prefix>.<topic.prefix>``."""
-    key_schema = {
-        "type": "struct",
-        "fields": [{"type": "string", "optional": False, "field": "serverName"}],
-        "optional": False,
-        "name": "io.debezium.connector.common.ServerNameKey",
-    }
-    value_schema = {
-        "type": "struct",
-        "fields": [{"type": "int64", "optional": False, "field": "ts_ms"}],
-        "optional": False,
-        "name": "io.debezium.connector.common.Heartbeat",
-    }
+    key_schema, value_schema = HEARTBEAT_KEY_SCHEMA, HEARTBEAT_VALUE_SCHEMA
     out = []
     for offset in range(count):
         key: Any = {"serverName": "server1"}
