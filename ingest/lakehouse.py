@@ -107,7 +107,7 @@ def load_catalog(settings: Settings, *, create: bool = True) -> Any:
         try:
             return SqlCatalog(settings.lakehouse.catalog_name, **properties)
         except DBAPIError as exc:
-            # Several processes starting at once on a new PostgreSQL catalog all try to create its tables; the
+            # Several processes starting at once on a new catalog all try to create its tables; the
             # losers fail with a unique violation (pg_type) or "already exists" and find the winner's tables on the
             # next try. Anything else (refused, a bad connection parameter, not a database) is no race.
             if not _creation_race(exc) or attempt == 3:
@@ -142,13 +142,12 @@ _RACE_SQLSTATES = frozenset({"23505", "42P07", "42710"})
 
 def _creation_race(exc: Any) -> bool:
     """Whether ``exc`` is another process creating the catalog tables at the same time (worth a retry)."""
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    from sqlalchemy.exc import IntegrityError
 
-    if not isinstance(exc, IntegrityError | ProgrammingError):
-        return False
     sqlstate = getattr(exc.orig, "pgcode", None)
     if sqlstate is not None:
         return sqlstate in _RACE_SQLSTATES
+    # SQLite says "table iceberg_tables already exists" as an OperationalError.
     return isinstance(exc, IntegrityError) or "already exists" in str(exc.orig)
 
 

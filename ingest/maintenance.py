@@ -36,7 +36,7 @@ from pyiceberg.table import Table
 from ingest.bronze.tables import OFFSETS_PROPERTY, Offsets, decode_offsets
 from ingest.config import LayerMaintenance, MaintenanceSettings, Settings
 from ingest.errors import ConfigError
-from ingest.snapshots import APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.snapshots import ancestors, silver_positions
 
 Layer = Literal["bronze", "silver"]
 LAYERS: tuple[Layer, ...] = ("bronze", "silver")
@@ -106,25 +106,6 @@ def _list_tables(catalog: Catalog, namespace: str) -> list[str]:
         return sorted(identifier[-1] for identifier in catalog.list_tables(namespace))
     except NoSuchNamespaceError:
         return []
-
-
-def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, str]:
-    """Bronze snapshot id -> the silver table that has applied up to it, in any namespace but bronze's: a dbt model
-    with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too."""
-    positions: dict[int, str] = {}
-    namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
-    for namespace in namespaces:
-        if namespace == bronze_namespace:
-            continue
-        for name in _list_tables(catalog, namespace):
-            try:
-                table = catalog.load_table(f"{namespace}.{name}")
-            except NoSuchTableError:
-                continue
-            value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
-            if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
-                positions[int(value)] = f"{namespace}.{name}"
-    return positions
 
 
 def _summary_int(table: Table, key: str) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
@@ -25,3 +27,29 @@ def ancestors(table: Table) -> Iterator[Snapshot]:
         yield snapshot
         parent = snapshot.parent_snapshot_id
         snapshot = by_id.get(parent) if parent is not None else None
+
+
+def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, str]:
+    """Bronze snapshot id -> the silver table that has applied up to it, in any namespace but bronze's: a dbt model
+    with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too."""
+    positions: dict[int, str] = {}
+    namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
+    for namespace in namespaces:
+        if namespace == bronze_namespace:
+            continue
+        for name in _table_names(catalog, namespace):
+            try:
+                table = catalog.load_table(f"{namespace}.{name}")
+            except NoSuchTableError:
+                continue
+            value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
+            if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+                positions[int(value)] = f"{namespace}.{name}"
+    return positions
+
+
+def _table_names(catalog: Catalog, namespace: str) -> list[str]:
+    try:
+        return sorted(identifier[-1] for identifier in catalog.list_tables(namespace))
+    except NoSuchNamespaceError:
+        return []

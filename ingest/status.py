@@ -3,8 +3,8 @@
 Everything is read from Iceberg metadata through pyiceberg (no Spark): per bronze table the row count (snapshot
 summary ``total-records``), the committed offsets (table property ``cdclake.offsets``), the time of the last
 ingest commit, the consumer lag against the broker (Kafka sources only), the dead letters per topic, and for the
-silver table of the same name the bronze snapshot it has applied (``cdclake.bronze_snapshot_id``) and whether bronze
-has moved on since.
+silver table of the same name (else the silver table, in any namespace, whose applied snapshot is one of bronze's) the
+bronze snapshot it has applied (``cdclake.bronze_snapshot_id``) and whether bronze has moved on since.
 
 Compaction and manifest rewrites add ``replace`` snapshots to bronze that carry no new rows: they neither count as
 ingest commits nor make silver "behind".
@@ -33,7 +33,7 @@ from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.debezium.envelope import HEARTBEAT_PREFIX
 from ingest.errors import ConfigError
-from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors, silver_positions
 from ingest.sources.base import TopicSelection
 from ingest.text import first_few
 
@@ -502,6 +502,7 @@ def collect_status(
     dead_offsets = {} if dead_table is None else decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
 
     result: list[BronzeStatus] = []
+    applied_by: dict[int, str] | None = None  # bronze snapshot id -> the silver table that applied it
     for name in names:
         identifier = f"{lake.bronze_namespace}.{name}"
         table = _load(catalog, identifier)
@@ -530,9 +531,17 @@ def collect_status(
             ],
             dead_letters={topic: letters.count for topic, letters in sorted(dead.pop(identifier, {}).items())},
         )
-        silver_id = f"{lake.silver_namespace}.{name}"
-        silver = _load(catalog, silver_id)
-        if silver is not None:
+        silver_id: str | None = f"{lake.silver_namespace}.{name}"
+        silver = _load(catalog, f"{lake.silver_namespace}.{name}")
+        if silver is None:
+            # A silver table named otherwise, or in another namespace (a dbt model with an alias or a schema of its
+            # own): the one whose applied snapshot is one of this table's. Looked for once, only when needed.
+            if applied_by is None:
+                applied_by = silver_positions(catalog, lake.bronze_namespace)
+            applied = [applied_by[s.snapshot_id] for s in table.snapshots() if s.snapshot_id in applied_by]
+            silver_id = applied[0] if applied else None
+            silver = _load(catalog, silver_id) if silver_id else None
+        if silver is not None and silver_id is not None:
             status.silver = silver_status(silver, silver_id, table)
         result.append(status)
 

@@ -29,11 +29,10 @@ from ingest.lakehouse import load_catalog
 from ingest.maintenance import (
     plan_maintenance,
     protected_position,
-    silver_positions,
     spark_error_line,
     timestamp_literal,
 )
-from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors
+from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors, silver_positions
 from ingest.status import (
     PartitionStatus,
     Watermarks,
@@ -1069,3 +1068,29 @@ def test_silver_tables_of_any_namespace_keep_their_bronze_snapshot(tmp_path: Pat
         11: "silver.a",
         22: "silver_finance.b",
     }
+
+
+def test_status_finds_a_silver_table_named_otherwise(tmp_path: Path) -> None:
+    """A silver model with an alias or a schema of its own (`silver_finance.customers_current`) is shown beside its
+    bronze table, found by the bronze snapshot it applied (before, only `silver.<bronze name>` was); a bronze table
+    no silver table applies has none."""
+    settings = make_settings(tmp_path)
+    ingest_file(settings, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    catalog = load_catalog(settings)
+    bronze = catalog.load_table(f"bronze.{CUSTOMERS}")
+    snapshot = bronze.current_snapshot()
+    catalog.create_namespace_if_not_exists("silver_finance")
+    catalog.create_table(
+        "silver_finance.customers_current",
+        pa.schema([pa.field("id", pa.int64())]),
+        properties={
+            APPLIED_SNAPSHOT_PROPERTY: str(snapshot.snapshot_id),
+            APPLIED_RECORDS_PROPERTY: snapshot.summary["total-records"],
+        },
+    )
+    silver = {t.name: t.silver for t in collect_status(settings, check_lag=False).tables}
+    found = silver[CUSTOMERS]
+    assert found is not None
+    assert found.table == "silver_finance.customers_current"
+    assert found.behind is False
+    assert [name for name, other in silver.items() if other is not None] == [CUSTOMERS]
