@@ -231,7 +231,11 @@ def plan_maintenance(
     maintenance = maintenance or maintenance_settings(settings)
     now = now or dt.datetime.now(dt.UTC)
     lake = settings.lakehouse
-    protected = silver_positions(catalog, lake.bronze_namespace) if maintenance.keep_silver_position else {}
+    protected = (
+        {snapshot: " and ".join(names) for snapshot, names in silver_positions(catalog, lake.bronze_namespace).items()}
+        if maintenance.keep_silver_position
+        else {}
+    )
     plans: list[TablePlan] = []
     found: set[str] = set()
     listed: list[str] = []

@@ -29,10 +29,11 @@ def ancestors(table: Table) -> Iterator[Snapshot]:
         snapshot = by_id.get(parent) if parent is not None else None
 
 
-def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, str]:
-    """Bronze snapshot id -> the silver table that has applied up to it, in any namespace but bronze's: a dbt model
+def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, list[str]]:
+    """Bronze snapshot id -> the silver tables that have applied up to it (several models of one bronze table, a
+    current state and a history, usually stand at the same snapshot), in any namespace but bronze's: a dbt model
     with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too."""
-    positions: dict[int, str] = {}
+    positions: dict[int, list[str]] = {}
     namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
     for namespace in namespaces:
         if namespace == bronze_namespace:
@@ -44,7 +45,7 @@ def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, str]:
                 continue
             value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
             if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
-                positions[int(value)] = f"{namespace}.{name}"
+                positions.setdefault(int(value), []).append(f"{namespace}.{name}")
     return positions
 
 

@@ -3,7 +3,7 @@
 Everything is read from Iceberg metadata through pyiceberg (no Spark): per bronze table the row count (snapshot
 summary ``total-records``), the committed offsets (table property ``cdclake.offsets``), the time of the last
 ingest commit, the consumer lag against the broker (Kafka sources only), the dead letters per topic, and for the
-silver table of the same name (else the silver table, in any namespace, whose applied snapshot is one of bronze's) the
+silver table of the same name and every silver table, in any namespace, whose applied snapshot is one of bronze's, the
 bronze snapshot it has applied (``cdclake.bronze_snapshot_id``) and whether bronze has moved on since.
 
 Compaction and manifest rewrites add ``replace`` snapshots to bronze that carry no new rows: they neither count as
@@ -93,7 +93,14 @@ class BronzeStatus:
     last_commit_from: str | None  # "snapshot" (the last ingest snapshot) or "data" (max _cdc_ingested_at)
     partitions: list[PartitionStatus] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)
-    silver: SilverStatus | None = None
+    # Every silver table built from it: `silver.<name>` first, then those found by the bronze snapshot they applied
+    # (other names or namespaces: a history beside a current state, a model with an alias or a schema of its own).
+    silvers: list[SilverStatus] = field(default_factory=list)
+
+    @property
+    def silver(self) -> SilverStatus | None:
+        """The first of :attr:`silvers` (the silver table of the same name, when there is one)."""
+        return self.silvers[0] if self.silvers else None
 
     @property
     def lag(self) -> int | None:
@@ -502,7 +509,8 @@ def collect_status(
     dead_offsets = {} if dead_table is None else decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
 
     result: list[BronzeStatus] = []
-    applied_by: dict[int, str] | None = None  # bronze snapshot id -> the silver table that applied it
+    # Bronze snapshot id -> the silver tables that applied up to it, in any namespace (one pass over the catalog).
+    applied_by = silver_positions(catalog, lake.bronze_namespace)
     for name in names:
         identifier = f"{lake.bronze_namespace}.{name}"
         table = _load(catalog, identifier)
@@ -531,18 +539,19 @@ def collect_status(
             ],
             dead_letters={topic: letters.count for topic, letters in sorted(dead.pop(identifier, {}).items())},
         )
-        silver_id: str | None = f"{lake.silver_namespace}.{name}"
-        silver = _load(catalog, f"{lake.silver_namespace}.{name}")
-        if silver is None:
-            # A silver table named otherwise, or in another namespace (a dbt model with an alias or a schema of its
-            # own): the one whose applied snapshot is one of this table's. Looked for once, only when needed.
-            if applied_by is None:
-                applied_by = silver_positions(catalog, lake.bronze_namespace)
-            applied = [applied_by[s.snapshot_id] for s in table.snapshots() if s.snapshot_id in applied_by]
-            silver_id = applied[0] if applied else None
-            silver = _load(catalog, silver_id) if silver_id else None
-        if silver is not None and silver_id is not None:
-            status.silver = silver_status(silver, silver_id, table)
+        # The silver table of the same name (shown even before it records an applied snapshot), then every other
+        # whose applied snapshot is one of this table's.
+        same_name = f"{lake.silver_namespace}.{name}"
+        others = {
+            silver_id
+            for snapshot in table.snapshots()
+            for silver_id in applied_by.get(snapshot.snapshot_id, ())
+            if silver_id != same_name
+        }
+        for silver_id in [same_name, *sorted(others)]:
+            silver = _load(catalog, silver_id)
+            if silver is not None:
+                status.silvers.append(silver_status(silver, silver_id, table))
         result.append(status)
 
     source = settings.source
@@ -715,16 +724,16 @@ def stale_problems(
                 f"{table.table}: last commit {format_age(now - table.last_commit)} ago "
                 f"({table.last_commit:%Y-%m-%d %H:%M:%S}Z), older than {stale_after_s:g}s"
             )
-        silver = table.silver
-        if silver is None or not silver.behind:
-            continue
-        if silver.behind_since is None:
-            problems.append(f"{silver.table}: behind {table.table} (since an unknown time)")
-        elif now - silver.behind_since > limit:
-            problems.append(
-                f"{silver.table}: behind {table.table} for {format_age(now - silver.behind_since)}, "
-                f"longer than {stale_after_s:g}s"
-            )
+        for silver in table.silvers:
+            if not silver.behind:
+                continue
+            if silver.behind_since is None:
+                problems.append(f"{silver.table}: behind {table.table} (since an unknown time)")
+            elif now - silver.behind_since > limit:
+                problems.append(
+                    f"{silver.table}: behind {table.table} for {format_age(now - silver.behind_since)}, "
+                    f"longer than {stale_after_s:g}s"
+                )
     return problems
 
 
@@ -812,7 +821,8 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
                     for p in table.partitions
                 ],
                 "dead_letters": table.dead_letters,
-                "silver": silver(table.silver),
+                "silver": silver(table.silver),  # the first of silver_tables (kept for scripts written before)
+                "silver_tables": [silver(item) for item in table.silvers],
             }
             for table in status.tables
         ],

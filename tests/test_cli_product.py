@@ -1064,9 +1064,10 @@ def test_silver_tables_of_any_namespace_keep_their_bronze_snapshot(tmp_path: Pat
         catalog.create_namespace_if_not_exists(namespace)
         catalog.create_table(f"{namespace}.{name}", schema, properties={APPLIED_SNAPSHOT_PROPERTY: str(snapshot)})
     catalog.create_table("silver_finance.plain", schema)
+    catalog.create_table("silver.a_history", schema, properties={APPLIED_SNAPSHOT_PROPERTY: "11"})
     assert silver_positions(catalog, settings.lakehouse.bronze_namespace) == {
-        11: "silver.a",
-        22: "silver_finance.b",
+        11: ["silver.a", "silver.a_history"],
+        22: ["silver_finance.b"],
     }
 
 
@@ -1094,3 +1095,57 @@ def test_status_finds_a_silver_table_named_otherwise(tmp_path: Path) -> None:
     assert found.table == "silver_finance.customers_current"
     assert found.behind is False
     assert [name for name, other in silver.items() if other is not None] == [CUSTOMERS]
+
+
+def test_status_shows_every_silver_table_of_a_bronze_table(tmp_path: Path) -> None:
+    """A current state and a history built from one bronze table are both shown, the silver table of the same name
+    first, and each one behind counts as a problem (before, status showed one silver table per bronze table, so a
+    history that stopped being built went unnoticed)."""
+    settings = make_settings(tmp_path)
+    ingest_file(settings, PG_DUMP)
+    catalog = load_catalog(settings)
+    bronze = catalog.load_table(f"bronze.{CUSTOMERS}")
+    first = bronze.current_snapshot()
+    assert first is not None
+    ingest_file(settings, extended_dump(tmp_path / "more.jsonl", extra=3))
+    bronze = catalog.load_table(f"bronze.{CUSTOMERS}")
+    latest = bronze.current_snapshot()
+    assert latest is not None
+    assert latest.snapshot_id != first.snapshot_id
+    schema = pa.schema([pa.field("id", pa.int64())])
+    catalog.create_namespace_if_not_exists("silver")
+    catalog.create_namespace_if_not_exists("silver_audit")
+    for identifier, snapshot in (
+        (f"silver_audit.{CUSTOMERS}_history", first),  # a history that stopped at the first ingest
+        (f"silver.{CUSTOMERS}", latest),
+        (f"silver.{CUSTOMERS}_current", latest),
+    ):
+        catalog.create_table(
+            identifier,
+            schema,
+            properties={
+                APPLIED_SNAPSHOT_PROPERTY: str(snapshot.snapshot_id),
+                APPLIED_RECORDS_PROPERTY: snapshot.summary["total-records"],
+            },
+        )
+    status = collect_status(settings, check_lag=False)
+    table = next(t for t in status.tables if t.name == CUSTOMERS)
+    shown = {item.table: item.behind for item in table.silvers}
+    assert list(shown) == [f"silver.{CUSTOMERS}", f"silver.{CUSTOMERS}_current", f"silver_audit.{CUSTOMERS}_history"]
+    assert shown == {
+        f"silver.{CUSTOMERS}": False,
+        f"silver.{CUSTOMERS}_current": False,
+        f"silver_audit.{CUSTOMERS}_history": True,
+    }
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    problems = [p for p in stale_problems(status, 3600, now=later) if p.startswith("silver")]
+    assert problems
+    assert all(p.startswith(f"silver_audit.{CUSTOMERS}_history: behind bronze.{CUSTOMERS} for ") for p in problems)
+    document = status_document(status, 3600, [])
+    entry = next(t for t in document["tables"] if t["name"] == CUSTOMERS)
+    assert [item["table"] for item in entry["silver_tables"]] == list(shown)
+    assert entry["silver"]["table"] == f"silver.{CUSTOMERS}"
+    config = str(Path(settings.base_dir) / "cdclake.yml")
+    text = invoke(["--config", config, "status", "--no-lag"]).stdout
+    assert f"silver_audit.{CUSTOMERS}_history" in text
+    assert f"silver.{CUSTOMERS}_current" in text

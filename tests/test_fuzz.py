@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,6 +69,67 @@ def typed_documents(draw: st.DrawFn) -> dict[str, Any]:
     return {"schema": schema, "payload": draw(envelopes)}
 
 
+# Values of each Connect type as the JSON converter writes them (bytes as base64), and the Python value bronze holds.
+INT_RANGES = {"int8": 7, "int16": 15, "int32": 31, "int64": 63}
+
+
+def typed_value(kind: str) -> st.SearchStrategy[tuple[Any, Any]]:
+    if kind in INT_RANGES:
+        bits = INT_RANGES[kind]
+        return st.integers(-(2**bits), 2**bits - 1).map(lambda n: (n, n))
+    if kind == "float":
+        return st.floats(width=32, allow_nan=False, allow_infinity=False).map(lambda f: (f, f))
+    if kind == "double":
+        return st.floats(allow_nan=False, allow_infinity=False).map(lambda f: (f, f))
+    if kind == "boolean":
+        return st.booleans().map(lambda b: (b, b))
+    if kind == "string":
+        return st.text(max_size=20).map(lambda t: (t, t))
+    return st.binary(max_size=12).map(lambda b: (base64.b64encode(b).decode(), b))
+
+
+# A value of the wrong JSON type for each Connect type: the record must be a dead letter naming the field.
+WRONG_VALUES: dict[str, list[Any]] = {
+    **{kind: ["7", True, 1.5, [1], {"x": 1}] for kind in INT_RANGES},
+    "float": ["1.5", True, [1.0]],
+    "double": ["1.5", False, {"x": 1.0}],
+    "boolean": [1, "true", [True]],
+    "string": [1, True, [""], {"x": "y"}],
+    "bytes": [1, True, ["AA=="]],
+}
+
+
+@st.composite
+def typed_rows(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """A typed change event with values of its declared types: (document, the `after` bronze must hold, the field
+    given a wrong-typed value instead, if any)."""
+    names = draw(st.lists(st.sampled_from(["a", "b", "id"]), unique=True, min_size=1, max_size=3))
+    fields: list[dict[str, Any]] = []
+    payload_after: dict[str, Any] = {}
+    expected: dict[str, Any] = {}
+    for name in names:
+        kind = draw(schema_types)
+        optional = draw(st.booleans())
+        fields.append({"type": kind, "field": name, "optional": optional})
+        if optional and draw(st.booleans()):
+            payload_after[name], expected[name] = None, None
+        else:
+            payload_after[name], expected[name] = draw(typed_value(kind))
+    wrong = draw(st.one_of(st.none(), st.sampled_from(names)))
+    if wrong is not None:
+        wrong_kind = next(str(f["type"]) for f in fields if f["field"] == wrong)
+        payload_after[wrong] = draw(st.sampled_from(WRONG_VALUES[wrong_kind]))
+    op = draw(st.sampled_from(["c", "u", "r"]))
+    lsn = str(draw(st.integers(0, 2**40)))
+    payload = {
+        "op": op,
+        "before": None,
+        "after": payload_after,
+        "source": {"connector": "informix", "commit_lsn": lsn, "change_lsn": lsn},
+    }
+    return {"schema": typed_documents_schema(fields), "payload": payload}, expected, wrong
+
+
 def check(key: bytes | None, value: bytes | None) -> None:
     record = RawRecord("fuzz.s.t", 0, 1, 0, key, value)
     try:
@@ -92,6 +155,24 @@ def test_random_envelopes(key: Any, envelope: dict[str, Any]) -> None:
 @given(typed_documents())
 def test_random_typed_envelopes(document: dict[str, Any]) -> None:
     check(None, orjson.dumps(document))
+
+
+@settings(max_examples=300, deadline=None)
+@given(typed_rows())
+def test_random_typed_rows_keep_their_values_or_name_the_wrong_field(drawn: tuple[Any, Any, str | None]) -> None:
+    """A typed change whose values match its schema is built into a row holding exactly those values (bytes
+    decoded from base64, float32 as Arrow stores it); one value of the wrong JSON type makes the record a dead
+    letter whose reason names that field."""
+    document, expected, wrong = drawn
+    record = RawRecord("fuzz.s.t", 0, 1, 0, None, orjson.dumps(document))
+    if wrong is not None:
+        with pytest.raises(DecodeError, match=rf"value\.after\.{wrong}\b"):
+            RowBuilder().build(record, decode(record), dt.datetime.now(dt.UTC))
+        return
+    built = RowBuilder().build(record, decode(record), dt.datetime.now(dt.UTC))
+    stored = pa.Table.from_pylist([built.row], built.schema).to_pylist()[0]
+    assert stored["after"] == expected
+    assert stored["op"] == document["payload"]["op"]
 
 
 def test_integers_beyond_64_bits_keep_their_digits_or_are_dead_letters() -> None:
@@ -122,6 +203,7 @@ def typed_documents_schema(fields: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "type": "struct",
         "fields": [
+            {"type": "struct", "optional": True, "fields": fields, "field": "before"},
             {"type": "struct", "optional": True, "fields": fields, "field": "after"},
             {"type": "struct", "field": "source", "fields": source},
             {"type": "string", "field": "op"},

@@ -11,6 +11,7 @@ import pytest
 from ingest import jvm_archive
 from ingest.lakehouse import RUNTIME_DIR_ENV
 from tests.conftest import make_settings
+from tests.missing import missing_runtime
 from tests.spark_fixtures import SparkLakehouse
 
 
@@ -62,14 +63,34 @@ def test_class_sharing_the_user_set_or_an_agent_is_left_alone(runtime: Path, opt
     assert jvm_archive.with_archive(options) == options
 
 
-def test_the_key_names_the_jdk_pyspark_and_jars(runtime: Path) -> None:
+def fake_jdk(home: Path, version: str) -> Path:
+    """A JAVA_HOME whose `java -version` prints ``version`` (on stderr, as java does)."""
+    java = home / "bin" / "java"
+    java.parent.mkdir(parents=True, exist_ok=True)
+    java.write_text(f"#!/bin/sh\necho 'openjdk version \"{version}\"' >&2\n")
+    java.chmod(0o755)
+    return home
+
+
+def test_the_key_names_the_jdk_pyspark_and_jars(runtime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyspark
+
+    monkeypatch.setenv("JAVA_HOME", str(fake_jdk(runtime / "jdk17", "17.0.9")))
     (runtime / "jars").mkdir()
     (runtime / "jars" / "classpath.txt").write_text("/a/iceberg.jar,/a/sqlite.jar")
     key = jvm_archive.archive_key()
     assert key == jvm_archive.archive_key()
-    (runtime / "jars" / "classpath.txt").write_text("/a/iceberg.jar,/a/sqlite.jar,/a/postgresql.jar")
-    assert jvm_archive.archive_key() != key, "another jar list must give another archive"
     assert jvm_archive.archive_path(key) == runtime / "jvm" / f"driver-{key}.jsa"
+    keys = {key}
+    (runtime / "jars" / "classpath.txt").write_text("/a/iceberg.jar,/a/sqlite.jar,/a/postgresql.jar")
+    keys.add(jvm_archive.archive_key())
+    assert len(keys) == 2, "another jar list must give another archive"
+    monkeypatch.setenv("JAVA_HOME", str(fake_jdk(runtime / "jdk21", "21.0.2")))
+    keys.add(jvm_archive.archive_key())
+    assert len(keys) == 3, "another JDK must give another archive"
+    monkeypatch.setattr(pyspark, "__version__", "3.5.0-other")
+    keys.add(jvm_archive.archive_key())
+    assert len(keys) == 4, "another pyspark must give another archive"
 
 
 def test_the_dbt_profiles_driver_maps_it_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +101,7 @@ def test_the_dbt_profiles_driver_maps_it_too(tmp_path: Path, monkeypatch: pytest
 
     jars = runtime_dir() / "jars"
     if not jars.is_dir():
-        pytest.skip("no jars: `make setup` assembles them")
+        missing_runtime("no jars: `make setup` assembles them")
     monkeypatch.setenv(RUNTIME_DIR_ENV, str(tmp_path / "runtime"))
     (tmp_path / "runtime").mkdir()
     (tmp_path / "runtime" / "jars").symlink_to(jars)

@@ -17,9 +17,17 @@ from hypothesis import strategies as st
 
 from ingest.bronze.tables import UNAVAILABLE_UUID, UNAVAILABLE_VALUE
 from ingest.dbt_runner import run_dbt
-from ingest.debezium.ordering import OP_RANK
 from ingest.scaffold import model_yaml
-from tests.silver_harness import Change, MongoChange, SilverHarness, Topic, dbt_examples, with_replay, without_schema
+from tests.silver_harness import (
+    OP_RANK,
+    Change,
+    MongoChange,
+    SilverHarness,
+    Topic,
+    dbt_examples,
+    with_replay,
+    without_schema,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 

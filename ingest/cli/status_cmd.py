@@ -166,14 +166,12 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
         partitions = list(dict.fromkeys(listed))  # a topic's partitions may be in an old table and a new one
         console.print(Text(f"lag n/a: {first_few(partitions, 3)}: {reason}", style="yellow"))
 
-    silvers = [table for table in status.tables if table.silver is not None]
+    silvers = [item for table in status.tables for item in table.silvers]
     if silvers:
         silver = Table(title="silver", title_justify="left", show_lines=True)
         for column in ("table", "applied bronze snapshot", "state", "max _cdc_applied_at"):
             silver.add_column(column, overflow="fold")
-        for table in silvers:
-            item = table.silver
-            assert item is not None
+        for item in silvers:
             if item.behind is None:
                 state = Text("unknown (no applied snapshot recorded)", style="yellow")
             elif item.behind:

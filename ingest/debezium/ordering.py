@@ -203,10 +203,6 @@ def in_transaction(connector: str, source: Mapping[str, Any]) -> bool:
     return snapshot is None or snapshot is False or snapshot == "false"
 
 
-# How silver breaks ties on equal positions: a snapshot read is older than a change at the same position.
-OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
-
-
 def _infer_connector(source: Mapping[str, Any]) -> str | None:
     """Older connectors (Oracle 1.x docs) omit ``source.connector``; the position fields still tell them apart."""
     if "scn" in source:
