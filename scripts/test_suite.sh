@@ -12,6 +12,9 @@ set -uo pipefail
 
 PY="${PY:-.venv/bin/python}"
 DBT_WORKERS="${DBT_WORKERS:-2}"
+# The live PostgreSQL test on its embedded setup (a private cluster, the real Debezium engine, the embedded broker;
+# ~20 s): the one live source that needs no server of the user's (tests/test_live_sources.py).
+export CDCLAKE_TEST_POSTGRES_DSN="${CDCLAKE_TEST_POSTGRES_DSN:-embedded}"
 log="$(mktemp -t cdclake-tests-XXXXXX.log)"
 
 echo "tests without dbt: running beside the dbt tests, logged to $log (printed when both are done)"

