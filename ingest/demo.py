@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ingest.config import Settings, load_settings
-from ingest.debezium.types import converter
 from ingest.fakes import SOURCES, build_stream, continue_stream
 from ingest.fakes.scenario import FakeStream
 
@@ -66,21 +64,6 @@ def demo_settings(root: Path, bootstrap: str, topics: list[str], project_dir: Pa
     return load_settings(path, environ={})
 
 
-def _after_schema(stream: FakeStream) -> dict[str, Any] | None:
-    """The Connect schema of the row image, from the stream's last typed record."""
-    for record in reversed(stream.records):
-        if record.topic != stream.data_topic or record.value is None:
-            continue
-        document = orjson.loads(record.value)
-        schema = document.get("schema") if isinstance(document, dict) else None
-        if schema:
-            for field in schema["fields"]:
-                if field["field"] == "after" and field.get("type") == "struct":
-                    return dict(field)
-            return None
-    return None
-
-
 def _normalize(value: Any) -> Any:
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
         return value.astimezone(dt.UTC).replace(tzinfo=None)
@@ -92,30 +75,31 @@ def _normalize(value: Any) -> Any:
 def check_source(spark: Any, stream: FakeStream, table: str, silver_ns: str) -> SourceCheck:
     """Silver must hold exactly the generator's final state: same keys, same values."""
     rows = [row.asDict() for row in spark.sql(f"select * from {silver_ns}.{table}").collect()]
-    after_schema = _after_schema(stream)
-    mismatches: list[str] = []
-    # Expected keys are canonical JSON of the Debezium key (MongoDB: {"id": <extended JSON of _id>}).
+    return SourceCheck(stream.source, table, len(stream.expected), len(rows), source_mismatches(rows, stream))
+
+
+def source_mismatches(rows: list[dict[str, Any]], stream: FakeStream) -> list[str]:
+    """Silver's ``rows`` against the generator's final state: the same keys, no key twice, and column by column the
+    values the generator drew for the source row (not its connector's encoding of them decoded again by cdclake,
+    which would hide a decoding bug on both sides); MongoDB's documents as the connector wrote them."""
+    # Keys are canonical JSON of the Debezium key (MongoDB: {"id": <extended JSON of _id>}).
     key_names = list(orjson.loads(next(iter(stream.expected), '{"id": 0}')))
-    actual: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        key = orjson.dumps({name: row[name] for name in key_names}, option=orjson.OPT_SORT_KEYS).decode()
-        actual[key] = row
-    for key in sorted(stream.expected.keys() - actual.keys()):
-        mismatches.append(f"missing from silver: {key}")
-    for key in sorted(actual.keys() - stream.expected.keys()):
-        mismatches.append(f"in silver but deleted at the source: {key}")
-    convert: Callable[[Any, str], Any] | None = converter(after_schema) if after_schema else None
+    actual = {orjson.dumps({k: row[k] for k in key_names}, option=orjson.OPT_SORT_KEYS).decode(): row for row in rows}
+    mismatches = [f"{len(rows) - len(actual)} duplicate key(s) in silver"] if len(actual) != len(rows) else []
+    mismatches += [f"missing from silver: {key}" for key in sorted(stream.expected.keys() - actual.keys())]
+    mismatches += [
+        f"in silver but deleted at the source: {key}" for key in sorted(actual.keys() - stream.expected.keys())
+    ]
     for key in sorted(stream.expected.keys() & actual.keys()):
-        expected, row = stream.expected[key], actual[key]
-        if convert is None:
-            if orjson.loads(row["_cdc_document"]) != expected:
+        row = actual[key]
+        if "_cdc_document" in row:
+            if orjson.loads(row["_cdc_document"]) != stream.expected[key]:
                 mismatches.append(f"{key}: document differs")
             continue
-        typed = convert(expected, "after")
-        for column, value in typed.items():
+        for column, value in stream.rows[key].items():
             if _normalize(row.get(column)) != _normalize(value):
                 mismatches.append(f"{key}.{column}: silver {row.get(column)!r} != source {value!r}")
-    return SourceCheck(stream.source, table, len(stream.expected), len(rows), mismatches)
+    return mismatches
 
 
 def run(project_root: Path, rounds_delta: int = 0, console: Console | None = None) -> bool:

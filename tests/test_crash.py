@@ -21,6 +21,7 @@ import yaml
 from ingest.broker import Record, TansuBroker
 from ingest.bronze.naming import bronze_table_name
 from ingest.bronze.tables import BronzeTables
+from ingest.demo import source_mismatches
 from ingest.fakes import build_stream
 from ingest.fakes.scenario import FakeStream
 from ingest.lakehouse import load_catalog
@@ -35,7 +36,7 @@ from tests.kafka_fixtures import (
     unique,
 )
 from tests.processes import CHILD_SPARK, ingester, run_cdclake
-from tests.test_scaleout import dbt_project_copy, mismatches, silver_rows
+from tests.test_scaleout import dbt_project_copy, silver_rows
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 3
@@ -114,7 +115,7 @@ def crash_loop(broker: TansuBroker, root: Path, trials: int, n_records: int, see
     for stream in streams:
         table = bronze_table_name(prefix + stream.data_topic)
         rows = silver_rows(settings, settings.lakehouse.silver_namespace, table)
-        problems = mismatches(rows, stream)
+        problems = source_mismatches(rows, stream)
         assert not problems, f"{table}: {problems[:10]}"
         silver_keys += len(rows)
     print(

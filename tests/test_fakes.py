@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import itertools
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -497,3 +499,31 @@ def test_seed_fixture(source: str) -> None:
     positions = [position(source, p) for p in payloads if p is not None]
     assert positions == sorted(positions)
     assert len(set(positions)) == len(positions)
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if s != "mongodb"])
+def test_the_silver_check_compares_with_the_drawn_values(source: str) -> None:
+    """`source_mismatches` (the demo's and the end-to-end tests' check of silver) compares with the values the
+    generator drew, not with cdclake's decoding of the connector's encoding: silver rows equal to the source rows
+    pass, and a value decoded wrongly (a decimal off by its scale, a timestamp off by an hour), a lost key or a
+    duplicated one are each reported."""
+    from ingest.demo import source_mismatches
+
+    stream = build_stream(source, seed=5, n_keys=6, n_changes=20)
+    silver = [dict(row) for row in stream.rows.values()]
+    assert len(silver) == len(stream.expected)
+    assert source_mismatches(silver, stream) == []
+    key = next(iter(stream.rows))
+    decimal_column = next(c for c, v in stream.rows[key].items() if type(v).__name__ == "Decimal")
+    off_by_scale = [dict(row) for row in silver]
+    off_by_scale[0][decimal_column] = cast(Decimal, off_by_scale[0][decimal_column]) * 100
+    assert source_mismatches(off_by_scale, stream) == [
+        f"{key}.{decimal_column}: silver {off_by_scale[0][decimal_column]!r} != source {silver[0][decimal_column]!r}"
+    ]
+    time_column = next(c for c, v in stream.rows[key].items() if type(v).__name__ == "datetime")
+    shifted = [dict(row) for row in silver]
+    shifted[0][time_column] = cast(dt.datetime, shifted[0][time_column]) + dt.timedelta(hours=1)
+    (problem,) = source_mismatches(shifted, stream)
+    assert problem.startswith(f"{key}.{time_column}: silver ")
+    assert source_mismatches(silver[1:], stream) == [f"missing from silver: {key}"]
+    assert source_mismatches([*silver, silver[0]], stream) == ["1 duplicate key(s) in silver"]

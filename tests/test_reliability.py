@@ -33,6 +33,7 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE, bronze_table_name
 from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, decode_offsets, merge_offsets
 from ingest.config import Settings, load_settings
 from ingest.debezium.envelope import RawRecord
+from ingest.demo import source_mismatches
 from ingest.fakes import build_stream, continue_stream
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
@@ -532,7 +533,7 @@ def _produce_in_chunks(target: TansuBroker, records: list[Record], delivered: se
 
 def contention(catalog: str, broker: TansuBroker, root: Path, postgres: Any) -> None:  # noqa: F811
     from ingest.scaffold import scaffold
-    from tests.test_scaleout import dbt_project_copy, mismatches, silver_rows
+    from tests.test_scaleout import dbt_project_copy, silver_rows
 
     prefix = unique("contend") + "."
     streams = {
@@ -603,7 +604,7 @@ def contention(catalog: str, broker: TansuBroker, root: Path, postgres: Any) -> 
         table = bronze_table_name(prefix + stream.data_topic)
         rows = silver_rows(settings, "silver", table)
         assert len(rows) == len(stream.expected), name
-        problems = mismatches(rows, stream)
+        problems = source_mismatches(rows, stream)
         assert not problems, f"{name}: {problems[:10]}"
     print(
         f"contention ({catalog}): {len(delivered)} records by 2 ingesters, {flushes_during} bronze flushes during a "

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pyarrow as pa
 import pytest
 import yaml
@@ -33,8 +32,7 @@ from ingest.bronze.naming import bronze_table_name
 from ingest.bronze.rows import Layout
 from ingest.bronze.tables import OFFSETS_PROPERTY, BronzeTables, TableBatch, decode_offsets
 from ingest.config import Settings, load_settings
-from ingest.debezium.types import converter
-from ingest.demo import _after_schema, _normalize
+from ingest.demo import source_mismatches
 from ingest.fakes import build_stream, continue_stream
 from ingest.fakes.scenario import FakeStream
 from ingest.lakehouse import PROJECT_ROOT, RUNTIME_DIR_ENV, jdbc_catalog_conf, load_catalog, spark_conf
@@ -153,29 +151,6 @@ def silver_rows(settings: Settings, namespace: str, table: str) -> list[dict[str
     return [dict(row) for row in rows]
 
 
-def mismatches(rows: list[dict[str, Any]], stream: FakeStream) -> list[str]:
-    """Silver against the generator's final state: the same keys and, column by column, the same values."""
-    key_names = list(orjson.loads(next(iter(stream.expected), '{"id": 0}')))
-    actual = {orjson.dumps({k: row[k] for k in key_names}, option=orjson.OPT_SORT_KEYS).decode(): row for row in rows}
-    problems = [f"{len(rows) - len(actual)} duplicate key(s) in silver"] if len(actual) != len(rows) else []
-    problems += [f"missing from silver: {key}" for key in sorted(stream.expected.keys() - actual.keys())]
-    problems += [
-        f"in silver but deleted at the source: {key}" for key in sorted(actual.keys() - stream.expected.keys())
-    ]
-    after_schema = _after_schema(stream)
-    convert = converter(after_schema) if after_schema else None
-    for key in sorted(stream.expected.keys() & actual.keys()):
-        expected, row = stream.expected[key], actual[key]
-        if convert is None:
-            if orjson.loads(row["_cdc_document"]) != expected:
-                problems.append(f"{key}: document differs")
-            continue
-        for column, value in convert(expected, "after").items():
-            if _normalize(row.get(column)) != _normalize(value):
-                problems.append(f"{key}.{column}: silver {row.get(column)!r} != source {value!r}")
-    return problems
-
-
 def comparable(rows: list[dict[str, Any]]) -> list[str]:
     """Rows without apply timestamps, in a canonical order, for comparing two builds of one silver table."""
     return sorted(repr(sorted((k, v) for k, v in row.items() if k not in VOLATILE_COLUMNS)) for row in rows)
@@ -268,7 +243,7 @@ def test_postgres_catalog_end_to_end(pg_lakehouse: BuiltLakehouse) -> None:
     for stream in built.streams:
         rows = silver_rows(settings, "silver", built.table(stream))
         assert len(rows) == len(stream.expected)
-        problems = mismatches(rows, stream)
+        problems = source_mismatches(rows, stream)
         assert not problems, f"{stream.source}: {problems[:10]}"
     print(f"postgres catalog end to end: {built.timings}")
 
@@ -341,7 +316,7 @@ def test_silver_on_the_cluster_equals_local_silver(pg_lakehouse: BuiltLakehouse,
     for namespace in ("silver_thrift", "silver_cluster"):
         rows = silver_rows(settings, namespace, table)
         assert comparable(rows) == comparable(local), f"{namespace}.{table} differs from silver.{table}"
-        problems = mismatches(rows, typed)
+        problems = source_mismatches(rows, typed)
         assert not problems, f"{namespace}.{table}: {problems[:10]}"
     versions = silver_rows(settings, "silver_thrift", table + HISTORY_SUFFIX)
     assert comparable(versions) == comparable(history), f"silver_thrift.{table}{HISTORY_SUFFIX} differs from silver's"
@@ -458,7 +433,7 @@ def test_several_ingest_processes_in_one_group(
     _, build_s = lakehouse.cdclake(config, "dbt", "build")
     rows = silver_rows(settings, "silver", bronze_table_name(prefix + final.data_topic))
     assert len(rows) == len(final.expected)
-    problems = mismatches(rows, final)
+    problems = source_mismatches(rows, final)
     assert not problems, problems[:10]
     print(
         f"{catalog}: {len(delivered)} records by 3 processes (+1, -1) in {landed_s:.1f} s; "

@@ -61,8 +61,10 @@ class FakeStream:
     """Records in emission order plus the source table's final state they must reproduce.
 
     ``expected`` maps the canonical key JSON to the after-image payload as emitted (JSON-level values; for
-    MongoDB the parsed extended-JSON ``after`` document). ``records[appended_from:]`` are the records added by
-    the call that returned this stream (all of them for :func:`build_stream`).
+    MongoDB the parsed extended-JSON ``after`` document); ``rows`` maps it to the source row itself, the Python
+    values the generator drew (Decimal, date, datetime, ...) before any connector encoded them: what a check of
+    silver compares with, so that it does not go through the decoding it checks. ``records[appended_from:]`` are
+    the records added by the call that returned this stream (all of them for :func:`build_stream`).
     """
 
     source: str
@@ -72,6 +74,7 @@ class FakeStream:
     transaction_topic: str
     appended_from: int = 0
     state: ScenarioState | None = field(default=None, repr=False, compare=False)
+    rows: dict[str, Row] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def new_records(self) -> list[KafkaRecord]:
@@ -128,8 +131,10 @@ def continue_stream(previous: FakeStream, n_changes: int) -> FakeStream:
 
 def _result(source: str, state: ScenarioState, records: list[KafkaRecord], appended_from: int) -> FakeStream:
     conn = state.connector
-    expected = {canonical_key(conn.key_payload(row)): conn.after_payload(row) for _, row in sorted(state.table.items())}
-    return FakeStream(source, records, expected, conn.data_topic, conn.transaction_topic, appended_from, state)
+    table = sorted(state.table.items())
+    expected = {canonical_key(conn.key_payload(row)): conn.after_payload(row) for _, row in table}
+    rows = {canonical_key(conn.key_payload(row)): dict(row) for _, row in table}
+    return FakeStream(source, records, expected, conn.data_topic, conn.transaction_topic, appended_from, state, rows)
 
 
 def _append(state: ScenarioState, emitted: list[Emitted], out: list[KafkaRecord]) -> None:

@@ -202,7 +202,7 @@ class KafkaSource:
         strategy = str(config.get("partition.assignment.strategy", "")).lower()
         self._next_generation = _next_generation_protocol(config)
         self._metadata_refresh_s = int(config.get("topic.metadata.refresh.interval.ms", 300000)) / 1000
-        self._cooperative = False
+        self._cooperative = "cooperative" in strategy or self._next_generation
         try:
             self._consumer = Consumer(config, logger=librdkafka_log)
         except KafkaException as exc:  # an unknown or malformed librdkafka setting under source.consumer
