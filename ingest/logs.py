@@ -9,7 +9,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 import orjson
@@ -61,6 +61,46 @@ class RepeatFilter(logging.Filter):
         return True
 
 
+class SecretFilter(logging.Filter):
+    """Takes the configured secrets out of every line a handler writes, its traceback included: an error's text
+    can quote a secret (a driver's message with the catalog URI, a setting echoed back), and the line that logs it
+    is not always one that thought to redact it (an unexpected error at the top of a command). ``redact`` is
+    config.redact bound to the loaded settings."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__()
+        self.redact = redact
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self.redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        return True
+
+
+_TRACEBACKS = logging.Formatter()
+
+
+class CdclakeHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure` installs (only such handlers get a SecretFilter: not those of a host program
+    that calls cdclake's code, e.g. pytest's)."""
+
+
+def redact_logs(redact: Callable[[str], str]) -> None:
+    """Every line cdclake's own log handlers write from now on goes through ``redact`` (replacing an earlier one)."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, CdclakeHandler):
+            continue
+        for old in [f for f in handler.filters if isinstance(f, SecretFilter)]:
+            handler.removeFilter(old)
+        handler.addFilter(SecretFilter(redact))
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -70,14 +110,16 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
-        if record.exc_info:
+        if record.exc_text:  # a SecretFilter's redacted text, or logging.Formatter's cache of the traceback
+            entry["exc"] = record.exc_text
+        elif record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()
 
 
 def configure(level: str = "INFO", fmt: str = "auto") -> None:
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
-    handler = logging.StreamHandler(sys.stderr)
+    handler = CdclakeHandler(sys.stderr)
     handler.setFormatter(
         JsonFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
     )

@@ -125,3 +125,9 @@ def lost_and_duplicated(
     lost = {c for c in expected if counts[c] == 0}
     duplicated = {c for c, n in counts.items() if n > 1}
     return lost, duplicated
+
+
+# Tansu answers ListOffsets "latest" with the base offset of the partition's last record batch + 1, not its end
+# (measured: 10 records produced in one batch, high watermark 1). One record per batch makes that the true end, so
+# status tests read the lag that Kafka would report.
+ONE_RECORD_BATCHES = {"batch.num.messages": 1, "linger.ms": 0}

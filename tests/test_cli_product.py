@@ -42,7 +42,7 @@ from ingest.status import (
     status_document,
 )
 from tests.conftest import FIXTURES, ingest_file, make_settings, topic_counts
-from tests.kafka_fixtures import broker, publish, unique  # noqa: F401 - the session broker
+from tests.kafka_fixtures import ONE_RECORD_BATCHES, broker, kafka_settings, publish, run_kafka, unique  # noqa: F401 - the session broker
 from tests.spark_fixtures import SparkLakehouse
 from tests.test_bronze_file import write_dump
 
@@ -966,30 +966,33 @@ def test_max_lag_with_an_unreachable_broker_is_a_problem(lakehouse: Path) -> Non
     ]
 
 
-def test_a_table_with_nothing_waiting_is_idle_not_stale(lakehouse: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.kafka
+def test_a_table_with_nothing_waiting_is_idle_not_stale(broker: TansuBroker, lakehouse: Path) -> None:  # noqa: F811
     """`status --stale-after S` counted a table stale when its last commit was older than S although its lag was
-    read as 0 everywhere (a quiet source): it is idle. With lag waiting, unknown or not checked it stays stale."""
+    read as 0 everywhere (a quiet source): it is idle. With lag waiting, unknown or not checked it stays stale. The
+    lag is read from the embedded broker, which the lakehouse's cdclake.yml names; the clock is moved by `now` (and
+    `--stale-after 0` for the CLI, where any commit is older than that)."""
     from ingest.status import idle_tables
 
-    settings, config = _kafka_lakehouse(lakehouse, 10)
-    caught_up = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 10)))
+    topic = unique("idle") + ".s.t"
+    origin = {"connector": "informix", "commit_lsn": "5", "change_lsn": "5"}
+    changes = [
+        Record(topic, orjson.dumps({"id": n}), orjson.dumps({"op": "c", "after": {"id": n}, "source": origin}), 0)
+        for n in range(12)
+    ]
+    # One record per batch: Tansu's high watermark is the start of a partition's last batch + 1 (the end then).
+    publish(broker, changes[:10], partitions=1, producer=ONE_RECORD_BATCHES)
+    settings = kafka_settings(lakehouse, broker, topics=[topic])
+    assert run_kafka(settings).stats.written == 10
+    config = str(lakehouse / "cdclake.yml")
+
+    caught_up = collect_status(settings)
     [table] = caught_up.tables
     later = caught_up.generated_at + dt.timedelta(hours=2)
-    assert [p.lag for p in table.partitions] == [0]
+    assert [(p.next_offset, p.high_watermark, p.lag) for p in table.partitions] == [(10, 10, 0)]
     assert stale_problems(caught_up, 3600, now=later) == []
     assert idle_tables(caught_up, 3600, now=later) == [table.table]
     assert idle_tables(caught_up, 3600) == []  # committed within the hour: neither idle nor stale
-    waiting = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 12)))
-    unknown = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, RuntimeError("down")))
-    unchecked = collect_status(settings, check_lag=False)
-    for status in (waiting, unknown, unchecked):
-        [problem] = stale_problems(status, 3600, now=later)
-        assert problem.startswith(f"{table.table}: last commit 2h00m ago"), problem
-        assert idle_tables(status, 3600, now=later) == []
-
-    monkeypatch.setattr("ingest.status.kafka_watermarks", lambda _s, _t: lambda a: dict.fromkeys(a, Watermarks(0, 10)))
-    monkeypatch.setattr("ingest.status.kafka_partitions", lambda _s, _t: lambda topics: {"i.s.t": [0]})
-    time.sleep(0.05)
     shown = invoke(["--config", config, "status", "--stale-after", "0"])
     assert shown.exit_code == 0, shown.output
     assert f"idle: {table.table}: last commit " in shown.stdout
@@ -999,6 +1002,25 @@ def test_a_table_with_nothing_waiting_is_idle_not_stale(lakehouse: Path, monkeyp
     document = orjson.loads(as_json.stdout)
     assert (document["stale"], document["problems"], document["idle"]) == (False, [], [table.table])
     assert document["tables"][0]["idle"] is True
+    assert [(o["high_watermark"], o["lag"]) for o in document["tables"][0]["offsets"]] == [(10, 0)]
+
+    assert settings.source is not None
+    nowhere = settings.source.model_copy(update={"bootstrap_servers": "127.0.0.1:1"})  # nothing listens
+    unknown = collect_status(settings.model_copy(update={"source": nowhere}), lag_timeout_s=1)
+    unchecked = collect_status(settings, check_lag=False)
+    publish(broker, changes[10:], partitions=1, producer=ONE_RECORD_BATCHES)  # 2 records wait now
+    waiting = collect_status(settings)
+    assert [(p.next_offset, p.lag) for p in waiting.tables[0].partitions] == [(10, 2)]
+    for status in (waiting, unknown, unchecked):
+        [problem] = stale_problems(status, 3600, now=later)
+        assert problem.startswith(f"{table.table}: last commit 2h00m ago"), problem
+        assert idle_tables(status, 3600, now=later) == []
+    stale = invoke(["--config", config, "status", "--json", "--stale-after", "0"])
+    assert stale.exit_code == 3, stale.output
+    document = orjson.loads(stale.stdout)
+    assert (document["stale"], document["idle"]) == (True, [])
+    [problem] = document["problems"]
+    assert problem.startswith(f"{table.table}: last commit "), problem
 
 
 # -- sql without Spark: a query that starts with '-', errors of any kind ------------------------------------------

@@ -26,6 +26,7 @@ from ingest.testing.kafka_mock import MockKafkaCluster
 from tests.conftest import FIXTURES, ingest_file, make_settings
 from tests.kafka_fixtures import (
     COORDINATES,
+    ONE_RECORD_BATCHES,
     broker,  # noqa: F401 - the session fixture
     bronze_coordinates,
     bronze_rows,
@@ -586,12 +587,6 @@ def test_the_next_generation_group_protocol_reads_every_partition(lakehouse: Pat
         settings = make_settings(lakehouse, source=source)
         assert run_kafka(settings).stats.written == 10
     assert set(bronze_coordinates(settings)) == {(topic, p, offset) for p in range(2) for offset in range(5)}
-
-
-# Tansu answers ListOffsets "latest" with the base offset of the partition's last record batch + 1, not its end
-# (measured: 10 records produced in one batch, high watermark 1). One record per batch makes that the true end, so
-# the status tests below read the lag that Kafka would report.
-ONE_RECORD_BATCHES = {"batch.num.messages": 1, "linger.ms": 0}
 
 
 def _publish_one_by_one(

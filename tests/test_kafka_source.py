@@ -1,23 +1,27 @@
 """KafkaSource's per-poll bookkeeping (no broker): read positions and end-of-partition state, worked out once per
 poll from its end, equal the message-by-message rule (a record moves its partition's position and clears its end
 state; an end-of-partition event sets it, and moves the position to where the partition ends: past the commit
-markers of a transactional producer)."""
+markers of a transactional producer). The lag it reports across a group handover is read on the embedded broker."""
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from typing import Any, cast
+from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
 
-from ingest.bronze.tables import BronzeTables
-from ingest.config import IngestSettings, SourceSettings
+from ingest.broker import TansuBroker
+from ingest.cli.ingest_cmd import build_pipeline
+from ingest.config import SourceSettings
 from ingest.debezium.envelope import RawRecord
+from ingest.fakes import build_stream
 from ingest.pipeline import Pipeline
 from ingest.sources.kafka import JOIN_GRACE_S, GroupJoinTimeoutError, KafkaSource
+from tests.kafka_fixtures import ONE_RECORD_BATCHES, broker, kafka_settings, publish, retopic, unique  # noqa: F401 - the session broker
+from tests.processes import wait_until
 
 Event = tuple[str, int, int, bool]  # topic, partition, offset, whether an end-of-partition event (at that offset)
 
@@ -99,39 +103,83 @@ def test_before_the_first_assignment_only_a_subscription_without_partitions_is_n
     assert "still waiting for the group" in caplog.text
 
 
-class EndsAt5000:
-    """A consumer whose partitions all end at offset 5000; (un)assigning does nothing."""
-
-    def get_watermark_offsets(self, partition: TopicPartition, cached: bool = True) -> tuple[int, int]:
-        return 0, 5000
-
-    def assign(self, partitions: list[TopicPartition]) -> None:
-        return None
-
-    def unassign(self) -> None:
-        return None
+def reported_lag(pipeline: Pipeline) -> dict[tuple[str, int], float]:
+    """Every (topic, partition) the pipeline's `cdclake_consumer_lag` gauge reports, with its value."""
+    return {
+        (sample.labels["topic"], int(sample.labels["partition"])): sample.value
+        for family in pipeline.metrics.registry.collect()
+        if family.name == "cdclake_consumer_lag"
+        for sample in family.samples
+    }
 
 
-def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported() -> None:
+@pytest.mark.kafka
+def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+) -> None:
     """`cdclake_consumer_lag` kept the last value of a partition this member no longer reads, forever: alerts on a
-    member that lost a partition while behind never cleared, and sums over the group counted it twice."""
-    source = KafkaSource(SourceSettings(bootstrap_servers="127.0.0.1:1", topics=["t"], group_id="g"))
-    consumer = EndsAt5000()
-    source._consumer = cast(Any, consumer)
-    source._resolve = lambda topic, partition: 100
-    source._assign(cast(Any, consumer), [TopicPartition("t", 0), TopicPartition("t", 1)])
-    source._positions = {("t", 0): 100, ("t", 1): 4000}
-    pipeline = Pipeline(IngestSettings(), cast(BronzeTables, None), source=source)
+    member that lost a partition while behind never cleared, and sums over the group counted it twice. Two members
+    of one group on the embedded broker: once the second has joined and taken some partitions (a real cooperative
+    rebalance), each reports exactly the partitions it reads, the first none of those it lost. (Read to their end,
+    every lag is 0: what a stale value would show here is a partition reported by the wrong member.)"""
+    partitions = 3
+    stream = build_stream("oracle", seed=5, n_keys=8, n_changes=20, partitions=partitions)
+    # One record per batch: Tansu's high watermark is the start of a partition's last batch + 1, which is then the
+    # partition's true end, so the lag read is the real one (0 once read to the end).
+    delivered = publish(broker, retopic(stream.records, unique("lag-handover")), partitions, ONE_RECORD_BATCHES)
+    every = {(topic, partition) for topic, partition, _ in delivered}
+    assert len(every) == 2 * partitions  # two topics, every partition holds records
+    # Sessions of 6 s (cdclake's default), not the tests' 2: one expiring on a loaded machine would rebalance the
+    # group again. Cooperative: the first member keeps its other partitions (and their lag) through the handover.
+    settings = kafka_settings(
+        lakehouse,
+        broker,
+        topics=sorted({topic for topic, _ in every}),
+        consumer={"partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": "6000"},
+    )
+    first, second = build_pipeline(settings), build_pipeline(settings)
+    first_source, second_source = first.source, second.source
+    assert isinstance(first_source, KafkaSource)
+    assert isinstance(second_source, KafkaSource)
+    runners = [threading.Thread(target=member.run, daemon=True) for member in (first, second)]
+    try:
+        runners[0].start()
+        wait_until(
+            lambda: first.stats.records_in == len(delivered) and reported_lag(first) == dict.fromkeys(every, 0.0),
+            30,
+            "the first member to read every partition to its end",
+        )
+        runners[1].start()
 
-    def lag(partition: int) -> float | None:
-        labels = {"topic": "t", "partition": str(partition)}
-        return pipeline.metrics.registry.get_sample_value("cdclake_consumer_lag", labels)
+        def handed_over() -> bool:
+            kept, moved = first_source.assignment, second_source.assignment
+            return (
+                bool(kept)
+                and bool(moved)
+                and kept | moved == every
+                and not kept & moved
+                and reported_lag(first) == dict.fromkeys(kept, 0.0)
+                and reported_lag(second) == dict.fromkeys(moved, 0.0)
+            )
 
-    pipeline._update_lag()
-    assert (lag(0), lag(1)) == (4900, 1000)
-    source._revoke(cast(Any, consumer), [TopicPartition("t", 0)])
-    pipeline._update_lag()
-    assert (lag(0), lag(1)) == (None, 1000)
+        deadline = time.monotonic() + 45
+        while not handed_over() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kept, moved = first_source.assignment, second_source.assignment
+        assert kept, "the second member took every partition"
+        assert moved, "the group handed the second member no partition"
+        assert sorted([*kept, *moved]) == sorted(every)  # each partition with one member
+        # Each member's gauge names the partitions it reads now, read to their end: over the group, each once.
+        assert reported_lag(first) == dict.fromkeys(kept, 0.0)
+        assert reported_lag(second) == dict.fromkeys(moved, 0.0)
+    finally:
+        for member in (first, second):
+            member.stop_requested.set()
+        for runner in runners:
+            if runner.ident is not None:  # started
+                runner.join(30)
+    assert not any(runner.is_alive() for runner in runners), "a member did not stop"
 
 
 def test_partitions_new_to_the_subscription_get_the_whole_handover_grace() -> None:

@@ -337,3 +337,54 @@ def test_secrets_are_set_on_the_running_session(spark_lakehouse: SparkLakehouse)
     finally:
         spark.sparkContext._jsc.hadoopConfiguration().unset("fs.test.secret.key")
         spark.conf.unset("spark.sql.catalog.other.jdbc.password")
+
+
+def test_an_unexpected_error_is_logged_without_its_secrets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error no code path expected reaches the top of the command, which logs it with its traceback (JSON logs,
+    as in a container): before, its text went out as it was, a secret it quoted included (the health endpoint's
+    reason was redacted, the log line of the same error was not). Every line cdclake's log handler writes is
+    redacted now, the traceback too; a host program's handlers (pytest's here) are left alone."""
+    import logging
+
+    import ingest.cli.status_cmd as status_cmd
+    from ingest.cli import main
+
+    secret = "SaslPw-4242-xyz"
+    config = tmp_path / "cdclake.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "lakehouse": {"warehouse": str(tmp_path / "wh"), "catalog_uri": f"sqlite:///{tmp_path}/catalog.db"},
+                "source": {
+                    "type": "kafka",
+                    "bootstrap_servers": "127.0.0.1:1",
+                    "topics": ["t"],
+                    "consumer": {"sasl.password": secret},
+                },
+            }
+        )
+    )
+    (tmp_path / "catalog.db").touch()
+
+    def failing(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"the driver said: password {secret} rejected")
+
+    monkeypatch.setattr(status_cmd, "collect_status", failing)
+    monkeypatch.setattr("sys.argv", ["cdclake", "--log-format", "json", "--config", str(config), "status"])
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        with pytest.raises(SystemExit) as exited:
+            main()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert exited.value.code == 1
+    lines = [orjson.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line["msg"].startswith("failed: ")]
+    assert len(failed) == 1, lines
+    assert "rejected" in failed[0]["msg"]
+    assert "RuntimeError: the driver said" in failed[0]["exc"]
+    assert secret not in str(lines)

@@ -7,7 +7,8 @@ from typing import TypeVar
 
 import click
 
-from ingest.config import Settings, load_settings
+from ingest.config import Settings, load_settings, redact
+from ingest.logs import redact_logs
 
 F = TypeVar("F", bound=Callable[..., object])
 CONFIG_HELP = "cdclake.yml to use (default: $CDCLAKE_CONFIG, then ./cdclake.yml, then embedded defaults)."
@@ -38,6 +39,8 @@ def settings_from(ctx: click.Context) -> Settings:
     cached = obj.get("settings")
     if cached is None:
         cached = obj["settings"] = load_settings(obj.get("config_path"))
+        loaded = cached
+        redact_logs(lambda text: redact(text, loaded))
     assert isinstance(cached, Settings)
     return cached
 
