@@ -2,7 +2,11 @@
 # No JVM, Spark or dbt in this image: silver is built by a separate job (see the dbt service in docker-compose.yml).
 #
 #   docker build -t cdclake-ingest .
-#   docker run -v ./cdclake.yml:/etc/cdclake/cdclake.yml:ro -v warehouse:/warehouse -p 9108:9108 cdclake-ingest
+#   docker run --init --stop-timeout 60 -v ./cdclake.yml:/etc/cdclake/cdclake.yml:ro -v warehouse:/warehouse \
+#     -p 9108:9108 cdclake-ingest
+#
+# Your cdclake.yml must write under /warehouse (or use a server catalog and object storage): the rest of the image
+# is read-only to the service's user (docs/operations.md).
 #
 # The base image comes from Docker Hub; behind a registry mirror: --build-arg BASE_IMAGE=<mirror>/python:3.11-slim
 ARG BASE_IMAGE=python:3.11-slim
@@ -40,7 +44,8 @@ WORKDIR /app
 USER 10001:10001
 
 # Configuration: the file below, then CDCLAKE__SECTION__KEY variables (which win over the file), and ${VAR}
-# references inside the file for secrets. The metrics port is fixed here so that HEALTHCHECK and EXPOSE match.
+# references inside the file for secrets. The metrics port is fixed here so that HEALTHCHECK and EXPOSE match (this
+# variable wins over ingest.metrics_port in the file: change the port here, or with -e, and publish that one).
 ENV CDCLAKE_CONFIG=/etc/cdclake/cdclake.yml \
     CDCLAKE__INGEST__METRICS_PORT=9108
 
