@@ -123,6 +123,16 @@ class LakehouseSettings(_Section):
             )
         return value
 
+    @model_validator(mode="after")
+    def _namespaces_differ(self) -> LakehouseSettings:
+        # A scaffolded model is named after its bronze table: in one namespace, silver would be bronze itself.
+        if self.bronze_namespace == self.silver_namespace:
+            raise ValueError(
+                f"lakehouse.bronze_namespace and lakehouse.silver_namespace are both {self.bronze_namespace!r}: "
+                "give them different names (silver tables are named after their bronze tables)"
+            )
+        return self
+
 
 class SparkSettings(_Section):
     """Where Spark runs. The embedded default is local; a cluster is a master URL plus extra conf."""

@@ -231,16 +231,24 @@ def plan_maintenance(
     maintenance = maintenance or maintenance_settings(settings)
     now = now or dt.datetime.now(dt.UTC)
     lake = settings.lakehouse
-    protected = (
-        {snapshot: " and ".join(names) for snapshot, names in silver_positions(catalog, lake.bronze_namespace).items()}
-        if maintenance.keep_silver_position
-        else {}
+    positions = silver_positions(catalog, lake.bronze_namespace)
+    protected = {snapshot: " and ".join(names) for snapshot, names in positions.items()}
+    if not maintenance.keep_silver_position:
+        protected = {}
+    # Silver is the silver namespace and every other one holding a table that applies bronze: a dbt model with a
+    # `schema` of its own writes to `<silver namespace>_<schema>` (its tombstone tables beside it).
+    silver_namespaces = sorted(
+        {lake.silver_namespace} | {table.rsplit(".", 1)[0] for names in positions.values() for table in names}
     )
     plans: list[TablePlan] = []
     found: set[str] = set()
     listed: list[str] = []
-    for layer in layers:
-        namespace = lake.bronze_namespace if layer == "bronze" else lake.silver_namespace
+    namespaces = [
+        (layer, namespace)
+        for layer in layers
+        for namespace in ([lake.bronze_namespace] if layer == "bronze" else silver_namespaces)
+    ]
+    for layer, namespace in namespaces:
         names = _list_tables(catalog, namespace)
         listed.extend(f"{namespace}.{name}" for name in names)
         if tables:

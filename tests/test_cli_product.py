@@ -1076,6 +1076,32 @@ def test_sql_script_errors_of_any_kind_are_one_line_and_exit_1(monkeypatch: pyte
     assert printing.stderr == "error: broken pipe\n"
 
 
+def test_silver_tables_of_a_models_own_schema_are_maintained(landed: Settings) -> None:
+    """A dbt model with a `schema` of its own writes silver (and its tombstones) to `silver_<schema>`: maintain
+    planned only the silver namespace, so those merge-on-read tables piled up delete files and snapshots."""
+    settings = landed
+    catalog = load_catalog(settings)
+    bronze = catalog.load_table(f"bronze.{CUSTOMERS}").current_snapshot()
+    assert bronze is not None
+    catalog.create_namespace_if_not_exists("silver_finance")
+    schema = pa.schema([pa.field("id", pa.int64())])
+    for name, properties in (
+        ("customers_current", {APPLIED_SNAPSHOT_PROPERTY: str(bronze.snapshot_id)}),
+        ("customers_current__cdc_tombstones", {}),
+    ):
+        table = catalog.create_table(f"silver_finance.{name}", schema, properties=properties)
+        table.append(pa.table({"id": [1]}, schema=schema))
+    catalog.create_namespace_if_not_exists("scratch")  # no table that applies bronze: not silver
+    catalog.create_table("scratch.notes", schema).append(pa.table({"id": [1]}, schema=schema))
+    plans = {p.table: p for p in plan_maintenance(catalog, settings, MaintenanceSettings(), ["silver"])}
+    assert set(plans) == {"silver_finance.customers_current", "silver_finance.customers_current__cdc_tombstones"}
+    assert all(plan.layer == "silver" for plan in plans.values())
+    expire_all = MaintenanceSettings(bronze=LayerMaintenance(expire_older_than_hours=0, retain_last=1))
+    bronze_plans = plan_maintenance(catalog, settings, expire_all, ["bronze"])
+    (customers,) = [plan for plan in bronze_plans if plan.table == f"bronze.{CUSTOMERS}"]
+    assert any("silver_finance.customers_current" in (step.note or "") for step in customers.steps)
+
+
 def test_silver_tables_of_any_namespace_keep_their_bronze_snapshot(tmp_path: Path) -> None:
     """A dbt model with a `schema` of its own writes silver to `silver_<schema>`: maintain keeps the bronze snapshot
     it applied too, as it does for the silver namespace's tables (bronze's own tables are no silver)."""

@@ -748,3 +748,14 @@ spark:
     assert conf["spark.jars"].split(",") == [*ours, "/opt/hadoop-aws-3.3.4.jar", "/opt/aws-java-sdk-bundle.jar"]
     without = spark_conf(load_settings(write(tmp_path, f"lakehouse:\n  warehouse: {tmp_path}/wh\n"), environ={}))
     assert without["spark.jars"].split(",") == ours
+
+
+def test_bronze_and_silver_namespaces_must_differ() -> None:
+    """Scaffold names a silver model after its bronze table: with one namespace for both, a model's target would be
+    its own bronze table, which the materialization would then alter and delete from."""
+    with pytest.raises(ConfigError, match=r"bronze_namespace and lakehouse\.silver_namespace are both 'lake'"):
+        load_settings(
+            None,
+            environ={"CDCLAKE__LAKEHOUSE__BRONZE_NAMESPACE": "lake", "CDCLAKE__LAKEHOUSE__SILVER_NAMESPACE": "lake"},
+        )
+    assert load_settings(None, environ={"CDCLAKE__LAKEHOUSE__SILVER_NAMESPACE": "gold"}).lakehouse.silver_namespace

@@ -127,7 +127,58 @@ def test_a_new_table_missing_from_an_edited_sources_file_is_reported(lakehouse: 
 def declared(sources: Path) -> set[str]:
     from ingest.scaffold import declared_sources
 
-    return declared_sources([sources.parent], "bronze")
+    return declared_sources([sources.parent], "bronze").get(sources, set())
+
+
+def test_a_source_declared_in_a_file_of_the_users_own_is_not_declared_again(lakehouse: Path, tmp_path: Path) -> None:
+    """The user moved scaffold's sources file (or declares source `bronze` in a file of their own): scaffold used
+    to write its file again beside it, and two declarations of one source make dbt refuse the whole project."""
+    import yaml
+
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    scaffold(tables, project)
+    generated = project / "models" / "silver" / "_bronze_sources.yml"
+    moved = project / "models" / "sources" / "bronze.yml"
+    moved.parent.mkdir()
+    generated.rename(moved)
+    report = scaffold(tables, project)
+    assert not generated.exists()
+    assert moved in report.kept
+    assert report.skipped == {}
+    files = [path for path in (project / "models").rglob("*.yml") if "sources" in yaml.safe_load(path.read_text())]
+    assert files == [moved]
+
+
+def test_a_table_gone_from_bronze_stays_declared_while_a_model_reads_it(lakehouse: Path, tmp_path: Path) -> None:
+    """A bronze table dropped (its topic recreated, a table_mapping changed) while its model stays: scaffold's
+    regenerated sources file used to leave it out, and dbt then refuses every model, not just that one's."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    project = tmp_path / "project"
+    scaffold(tables, project)
+    sources = project / "models" / "silver" / "_bronze_sources.yml"
+    gone = "dbserver1_inventory_typed_values"
+    assert gone in declared(sources)
+    tables.catalog.drop_table(f"bronze.{gone}")
+    assert gone not in tables.list_tables()
+    scaffold(tables, project)
+    assert gone in declared(sources)  # its model still reads it
+    (project / "models" / "silver" / f"{gone}.sql").unlink()
+    scaffold(tables, project)
+    assert gone not in declared(sources)
+    assert "dbserver1_inventory_customers" in declared(sources)
+
+
+def test_a_table_of_unknown_kind_is_reported(lakehouse: Path, tmp_path: Path) -> None:
+    """A bronze table without `cdclake.kind` (another writer's) got no model without a word; the known kinds that
+    have no silver (transactions) stay quiet."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    name = "dbserver1_inventory_customers"
+    with tables.catalog.load_table(f"bronze.{name}").transaction() as transaction:
+        transaction.remove_properties("cdclake.kind")
+    report = scaffold(tables, tmp_path / "project")
+    assert list(report.skipped) == [name]
+    assert "no cdclake.kind property" in report.skipped[name]
 
 
 def test_scaffold_select_pattern(lakehouse: Path, tmp_path: Path) -> None:
