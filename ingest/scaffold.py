@@ -274,6 +274,12 @@ def scaffold(
                 "(or delete the file to have scaffold write it again), then scaffold again"
             )
             continue
+        if "__cdc_" in name.lower():
+            report.skipped[name] = (
+                "its name holds '__cdc_', which cdc_silver keeps for a model's own tables (tombstones, batch tables): "
+                "write its model by hand with another alias"
+            )
+            continue
         try:
             keys, topic, reason = table_keys(tables, name)
         except Exception as exc:  # one unreadable table (its metadata file gone) must not stop the rest

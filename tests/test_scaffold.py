@@ -279,3 +279,16 @@ def test_the_command_says_why_there_is_nothing_to_scaffold(lakehouse: Path, tmp_
     empty = CliRunner().invoke(cli, ["--config", str(tmp_path / "empty" / "cdclake.yml"), "scaffold"])
     assert empty.exit_code == 0, empty.output
     assert "nothing to scaffold: bronze has no tables yet (`cdclake ingest` creates them)" in empty.output
+
+
+def test_a_table_named_like_a_models_own_tables_gets_no_model(lakehouse: Path, tmp_path: Path) -> None:
+    """`<model>__cdc_batch` and `<model>__cdc_tombstones` are a model's own tables, which its runs drop: a topic
+    mapped to such a name would have had a model written whose silver table another model's run drops."""
+    tables = land(lakehouse, FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl")
+    tables.catalog.rename_table(
+        "bronze.dbserver1_inventory_typed_values", "bronze.dbserver1_inventory_customers__cdc_batch"
+    )
+    report = scaffold(tables, tmp_path / "project")
+    assert "holds '__cdc_'" in report.skipped["dbserver1_inventory_customers__cdc_batch"]
+    assert not (tmp_path / "project" / "models" / "silver" / "dbserver1_inventory_customers__cdc_batch.sql").exists()
+    assert (tmp_path / "project" / "models" / "silver" / "dbserver1_inventory_customers.sql").exists()

@@ -1333,10 +1333,15 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
     config = "delete_mod='soft', key=['v'], unique_key='v', file_format='delta', contract={'enforced': true}"
     config += ", tblproperties={'format-version': 3}"
     harness.write_model(topic, config, name="bad_options_typo")
+    harness.write_model(topic, "", name="bad_options__cdc_batch")  # a name kept for a model's own tables
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size if log.exists() else 0
-    assert not run_dbt(harness.settings, ["run", "--select", *names, "bad_options_typo"])
+    assert not run_dbt(harness.settings, ["run", "--select", *names, "bad_options_typo", "bad_options__cdc_batch"])
     message = log.read_bytes()[start:].decode()
+    assert (
+        "cdc_silver model 'bad_options__cdc_batch': its table name bad_options__cdc_batch holds '__cdc_', which "
+        "cdc_silver keeps for a model's own tables"
+    ) in message
     for name, expected in zip(names, BAD_OPTIONS.values(), strict=True):
         assert f"cdc_silver model '{name}': {expected}" in message
     assert (

@@ -6,6 +6,11 @@
 -#}
 {% macro check_options() -%}
   {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
+  {#- `<model>__cdc_*` names the model's own tables (tombstones, batch tables), which its runs create and drop: a
+      silver table of that name would be another model's helper, dropped by that model's next run. -#}
+  {%- if '__cdc_' in model['alias'] | lower -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "its table name " ~ model['alias'] ~ " holds '__cdc_', which cdc_silver keeps for a model's own tables (tombstones, batch tables): another model's run could drop it; name it otherwise (alias)") }}
+  {%- endif -%}
   {%- set choices = {
       'delete_mode': ['hard', 'soft'],
       'history': ['current', 'scd2'],
