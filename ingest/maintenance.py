@@ -99,6 +99,9 @@ class TablePlan:
     data_files: int
     delete_files: int
     offsets: Offsets = field(default_factory=dict)  # bronze: the committed offsets before maintenance
+    # Why the table could not be read (its metadata file gone, say): no steps, and the command fails naming it
+    # once the other tables are maintained.
+    error: str | None = None
 
 
 def _list_tables(catalog: Catalog, namespace: str) -> list[str]:
@@ -158,6 +161,8 @@ def plan_table(
         table = catalog.load_table(identifier)
     except NoSuchTableError:
         return None
+    except Exception as exc:  # one unreadable table must not keep the others from their maintenance
+        return TablePlan(layer, identifier, [], 0, 0, 0, 0, error=f"cannot be read: {type(exc).__name__}: {exc}")
     if table.current_snapshot() is None:
         return None
     target = table_argument(namespace, name)
@@ -323,7 +328,10 @@ def check_offsets(catalog: Catalog, plan: TablePlan) -> str | None:
     """None when every offset committed before maintenance is still there, not rewound; else what went wrong."""
     if plan.layer != "bronze" or not plan.offsets:
         return None
-    after = decode_offsets(catalog.load_table(plan.table).properties.get(OFFSETS_PROPERTY))
+    try:
+        after = decode_offsets(catalog.load_table(plan.table).properties.get(OFFSETS_PROPERTY))
+    except NoSuchTableError:
+        return "the table was dropped while it was maintained"
     lost = [f"{t}[{p}] {o} -> {after.get((t, p))}" for (t, p), o in plan.offsets.items() if after.get((t, p), -1) < o]
     return None if not lost else "offsets lost or rewound: " + ", ".join(lost)
 

@@ -4,12 +4,15 @@ materialization)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+
+log = logging.getLogger(__name__)
 
 APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 APPLIED_RECORDS_PROPERTY = "cdclake.bronze_records"
@@ -42,6 +45,15 @@ def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, list[
             try:
                 table = catalog.load_table(f"{namespace}.{name}")
             except NoSuchTableError:
+                continue
+            except Exception as exc:  # an unreadable table (its metadata file gone) applies nothing anyone can see
+                log.warning(
+                    "%s.%s cannot be read (%s: %s): not counted as a silver table",
+                    namespace,
+                    name,
+                    type(exc).__name__,
+                    exc,
+                )
                 continue
             value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
             if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():

@@ -603,6 +603,24 @@ def test_maintenance_plan_keeps_silver_position_and_validates_settings(landed: S
     assert "rewrite_position_delete_files(table => 'silver." in dry.stdout
 
 
+def test_an_unreadable_table_is_named_and_the_others_still_planned(landed: Settings) -> None:
+    """A table whose metadata file is gone: its load raised out of the planning, so no table was maintained and the
+    error named none. Now the others are planned (and maintained), and the command exits 1 naming it."""
+    settings = landed
+    catalog = load_catalog(settings)
+    broken = catalog.load_table(f"bronze.{CUSTOMERS}")
+    Path(broken.metadata_location.removeprefix("file://")).unlink()
+    plans = {plan.table: plan for plan in plan_maintenance(catalog, settings, MaintenanceSettings(), ["bronze"])}
+    assert plans[f"bronze.{CUSTOMERS}"].steps == []
+    assert (plans[f"bronze.{CUSTOMERS}"].error or "").startswith("cannot be read: ")
+    assert plans["bronze.dbserver1_transaction"].steps  # the others as before
+    dry = invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "maintain", "--dry-run"])
+    assert dry.exit_code == 1, dry.output
+    assert "CALL lake.system.expire_snapshots(table => 'bronze.dbserver1_transaction'" in dry.stdout
+    assert f"bronze.{CUSTOMERS}: cannot be read: " in dry.stderr
+    assert "not maintained (repair or drop it)" in dry.stderr
+
+
 # -- Spark: sql ------------------------------------------------------------------------------------------------------
 TYPES_QUERY = (
     "SELECT 1 AS n, 'a,b' AS s, CAST(NULL AS INT) AS z, array(1, 2) AS arr, named_struct('x', 1, 'y', 'q') AS st, "

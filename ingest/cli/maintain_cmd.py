@@ -101,8 +101,10 @@ def maintain(
     if not plans:
         err.print(f"nothing to maintain in layer {layer}" + (f" (tables {', '.join(tables)})" if tables else ""))
         return
+    unreadable = [(plan.table, redact(plan.error, settings)) for plan in plans if plan.error]
     if dry_run:
         _print_plan(out, plans)
+        _fail_unreadable(ctx, err, unreadable)
         return
 
     from ingest.spark import spark_session
@@ -113,9 +115,16 @@ def maintain(
     results = _run_with_progress(err, spark, catalog, plans, steps, lambda text: redact(text, settings))
     out.print(_summary(results))
     failed = [result for result in results if not result.ok]
-    if failed:
-        for result in failed:
-            err.print(Text(f"{result.step.table} {result.step.procedure}: {result.error or 'failed'}", style="red"))
+    for result in failed:
+        err.print(Text(f"{result.step.table} {result.step.procedure}: {result.error or 'failed'}", style="red"))
+    _fail_unreadable(ctx, err, unreadable, failed=bool(failed))
+
+
+def _fail_unreadable(ctx: click.Context, err: Console, unreadable: list[tuple[str, str]], failed: bool = False) -> None:
+    """Exit 1 naming each table that could not be read (the others were maintained), or when a step failed."""
+    for table, error in unreadable:
+        err.print(Text(f"{table}: {error}; not maintained (repair or drop it)", style="red"), soft_wrap=True)
+    if unreadable or failed:
         ctx.exit(1)
 
 
