@@ -746,6 +746,41 @@ def test_a_stale_writer_never_rewinds_offsets_or_writes_twice(tmp_path: Path) ->
     assert decode_offsets(bronze().properties[OFFSETS_PROPERTY]) == {(topic.name, 0): 30, (topic.name, 1): 5}
 
 
+def test_a_stale_writer_does_not_dead_letter_a_record_its_successor_landed(tmp_path: Path) -> None:
+    """The old owner of a partition still flushing after a rebalance decodes one record differently from the new
+    owner (here: its copy of the record is cut short; in life, a record without its schema read by a process that
+    no longer knows the topic's schema): the new owner landed it in the data table, and the old one's dead letter of
+    it was committed too, so the record was in both tables. A dead letter below its data table's committed offsets
+    is dropped now: every record stays in exactly one of the two."""
+    import datetime as dt
+
+    settings = make_settings(tmp_path / "lake")
+    topic = Topic("ifx.handover.t")
+    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
+    cut = [dict(line) for line in lines[:12]]
+    cut[5]["payload"] = str(cut[5]["payload"])[:40]  # the old owner's copy of offset 5: not JSON
+    stale = _dump(tmp_path / "stale.jsonl", cut)
+    full = _dump(tmp_path / "full.jsonl", lines)
+
+    old_owner = file_pipeline(settings, stale)
+    old_owner.source.start(old_owner.resolve)
+    old_owner.accept_batch(old_owner.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
+    assert old_owner.stats.dead_letters == 1  # offset 5, buffered
+    file_pipeline(settings, full).run(once=True)  # the new owner lands all 20
+    old_owner.flush()  # the old owner's late commit
+
+    counts = bronze_coordinates(settings)
+    assert set(counts) == {(topic.name, 0, offset) for offset in range(20)}
+    assert set(counts.values()) == {1}
+    catalog = load_catalog(settings)
+    dead = (
+        catalog.load_table(f"bronze.{DEAD_LETTER_TABLE}").scan().to_arrow().num_rows
+        if catalog.table_exists(f"bronze.{DEAD_LETTER_TABLE}")
+        else 0
+    )
+    assert dead == 0, "offset 5 is in the data table: it must not be a dead letter too"
+
+
 # -- 5. bad input: one corpus, through the file source and through the broker ------------------------------------------
 BAD_INPUT = FIXTURES / "bad_input"
 

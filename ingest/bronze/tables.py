@@ -244,6 +244,14 @@ class BronzeTables:
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
 
+    def _landed_offsets(self, identifier: str) -> Offsets:
+        """The committed offsets of the bronze table ``identifier`` (none if it does not exist yet)."""
+        try:
+            table = self.catalog.load_table(identifier)
+        except NoSuchTableError:
+            return {}
+        return decode_offsets(table.properties.get(OFFSETS_PROPERTY))
+
     def _commit_once(self, batch: TableBatch) -> int:
         table = self.load(batch.name)
         provisional = table is not None and table.properties.get(LAYOUT_PROVISIONAL_PROPERTY) == "true"
@@ -273,7 +281,7 @@ class BronzeTables:
         stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
         # Rows another writer (a restarted process, the new owner after a rebalance, or a zombie that lost its
         # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
-        rows = _unwritten_rows(table, batch, stored)
+        rows = _unwritten_rows(table, batch, stored, self._landed_offsets)
         data = pa.Table.from_pylist(rows, schema=target)
         if batch.tables:
             parts = [conform_table(part, target) for part in batch.tables]
@@ -311,10 +319,26 @@ class BronzeTables:
         return int(data.num_rows)
 
 
-def _unwritten_rows(table: Table, batch: TableBatch, stored: Offsets) -> list[dict[str, object]]:
+def _unwritten_rows(
+    table: Table, batch: TableBatch, stored: Offsets, landed: Callable[[str], Offsets] | None = None
+) -> list[dict[str, object]]:
     """The batch's rows the table does not hold. Beyond the stored offsets, all of them; below, none of a data
     table's, and the dead letters whose coordinates the dead-letter table does not hold (ingest.bronze.dead_letters:
-    its offsets may be ahead of the records a restart reads again, and a record may fail only now)."""
+    its offsets may be ahead of the records a restart reads again, and a record may fail only now).
+
+    ``landed``: a destination table's committed offsets. A dead letter below them is dropped: that record is in its
+    data table already, committed by another writer of the partition (the new owner after a rebalance, or the old
+    one still flushing) that decoded it, and a record stays in exactly one of the two tables."""
+    if landed is not None and batch.kind == DEAD_LETTER_KIND:
+        destinations = {str(row["_cdc_destination"]) for row in batch.rows if row.get("_cdc_destination")}
+        committed = {destination: landed(destination) for destination in destinations}
+        rows = [
+            row
+            for row in batch.rows
+            if row["_cdc_offset"]  # type: ignore[operator]
+            >= committed.get(str(row.get("_cdc_destination")), {}).get(_tp(row), -1)
+        ]
+        batch = replace(batch, rows=rows) if len(rows) != len(batch.rows) else batch
     fresh: list[dict[str, object]] = []
     below: dict[tuple[str, int, str], list[dict[str, object]]] = {}
     for row in batch.rows:
