@@ -969,6 +969,57 @@ def test_a_flush_of_tombstones_alone_lays_its_table_out_until_a_change_comes(
     ]
 
 
+@pytest.mark.parametrize("typed_values", [True, False], ids=["schemaless-keys", "schemaless-values"])
+def test_a_table_another_writer_created_meanwhile_is_laid_out_again(
+    lakehouse: Path, tmp_path: Path, typed_values: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers of a new table at once: one creates it from tombstones (provisionally, in their keys' layout)
+    while the other, which found no table, commits changes in the values' layout. Its create fails, and it went on
+    with the other's table as if it were its own: the service stopped on "schemas.enable differs between records
+    of one topic" (a restart recovered). It starts over on that table now, which lays it out again."""
+    from ingest.bronze.tables import BronzeTables
+
+    settings = make_settings(lakehouse)
+    record_key, value = mixed_converters(typed_values)
+    tombstones = [("p.s.t", 5, record_key, None), ("p.s.t", 6, record_key, None)]
+    changes = [("p.s.t", 7 + n, record_key, value({"id": 1, "name": f"a{n}"}, 20 + n, "u")) for n in range(3)]
+    ingest_file(settings, write_dump(tmp_path / "tombstones.jsonl", tombstones), max_records=100)
+    catalog = load_catalog(settings)
+    assert catalog.load_table("bronze.p_s_t").properties[LAYOUT_PROVISIONAL_PROPERTY] == "true"
+
+    original = BronzeTables._commit_once
+    raced: list[str] = []
+
+    def commit_after_a_stale_look(self: BronzeTables, batch: Any) -> int:
+        if batch.name != "p_s_t" or raced:
+            return original(self, batch)
+        raced.append(batch.name)  # this commit loads the table before the other writer's create landed
+        real_load = self.load
+        looks: list[str] = []
+
+        def load(name: str) -> Any:
+            if not looks:
+                looks.append(name)
+                return None
+            return real_load(name)
+
+        self.load = load  # type: ignore[method-assign]
+        try:
+            return original(self, batch)
+        finally:
+            del self.load
+
+    monkeypatch.setattr(BronzeTables, "_commit_once", commit_after_a_stale_look)
+    pipeline = ingest_file(settings, write_dump(tmp_path / "changes.jsonl", changes), max_records=100)
+    assert raced == ["p_s_t"]
+    assert pipeline.stats.written == 3
+    properties = catalog.load_table("bronze.p_s_t").properties
+    assert properties[LAYOUT_PROPERTY] == ("typed" if typed_values else "json")  # the values'
+    assert LAYOUT_PROVISIONAL_PROPERTY not in properties
+    landed = sorted(rows(settings, "p_s_t"), key=lambda row: row["_cdc_offset"])
+    assert [(row["_cdc_offset"], row["op"]) for row in landed] == [(5, None), (6, None), (7, "u"), (8, "u"), (9, "u")]
+
+
 @pytest.mark.parametrize("changes", [2, 12], ids=["per-record", "fast-path"])
 def test_tombstones_that_waited_for_a_change_of_the_same_layout_never_move_the_offset_back(
     lakehouse: Path, tmp_path: Path, changes: int

@@ -180,7 +180,8 @@ class BronzeTables:
     def list_tables(self) -> list[str]:
         return sorted(identifier[-1] for identifier in self.catalog.list_tables(self.namespace))
 
-    def _create(self, batch: TableBatch, schema: pa.Schema) -> Table:
+    def _create(self, batch: TableBatch, schema: pa.Schema) -> Table | None:
+        """The new table, or None when another writer created it meanwhile (the caller starts over on theirs)."""
         properties = {**TABLE_PROPERTIES, LAYOUT_PROPERTY: batch.layout.value, KIND_PROPERTY: batch.kind}
         if batch.provisional_layout:
             properties[LAYOUT_PROVISIONAL_PROPERTY] = "true"
@@ -194,11 +195,10 @@ class BronzeTables:
                 spec.add_field(PARTITION_SOURCE_COLUMN, DayTransform(), "_cdc_ingested_day")
             return transaction.commit_transaction()
         except Exception:
-            # Another writer may have created it first; use theirs.
-            existing = self.load(batch.name)
-            if existing is None:
+            # Another writer may have created it first: its layout and columns may differ from this batch's.
+            if self.load(batch.name) is None:
                 raise
-            return existing
+            return None
 
     def _lay_out_again(self, table: Table, batch: TableBatch) -> Table:
         """The layout of ``batch``'s change records for a table that holds tombstones only (laid out like their
@@ -266,7 +266,10 @@ class BronzeTables:
             target = merge_schemas(self.identifier(batch.name), target, schema)
         assert target is not None
         if table is None:
-            table = self._create(batch, target)
+            created = self._create(batch, target)
+            if created is None:  # another writer's table, laid out by its records: start over on it
+                return self._commit_once(batch)
+            table = created
             current = normalized(table.schema().as_arrow())
         layout = table.properties.get(LAYOUT_PROPERTY, batch.layout.value)
         if layout != batch.layout.value:
