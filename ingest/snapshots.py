@@ -32,10 +32,13 @@ def ancestors(table: Table) -> Iterator[Snapshot]:
         snapshot = by_id.get(parent) if parent is not None else None
 
 
-def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, list[str]]:
+def silver_positions(
+    catalog: Catalog, bronze_namespace: str, loaded: dict[str, Table] | None = None
+) -> dict[int, list[str]]:
     """Bronze snapshot id -> the silver tables that have applied up to it (several models of one bronze table, a
     current state and a history, usually stand at the same snapshot), in any namespace but bronze's: a dbt model
-    with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too."""
+    with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too. ``loaded``, when given,
+    receives those tables by identifier (a caller that reads them next need not load them again)."""
     positions: dict[int, list[str]] = {}
     namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
     for namespace in namespaces:
@@ -58,6 +61,8 @@ def silver_positions(catalog: Catalog, bronze_namespace: str) -> dict[int, list[
             value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
             if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
                 positions.setdefault(int(value), []).append(f"{namespace}.{name}")
+                if loaded is not None:
+                    loaded[f"{namespace}.{name}"] = table
     return positions
 
 

@@ -509,8 +509,10 @@ def collect_status(
     dead_offsets = {} if dead_table is None else decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
 
     result: list[BronzeStatus] = []
-    # Bronze snapshot id -> the silver tables that applied up to it, in any namespace (one pass over the catalog).
-    applied_by = silver_positions(catalog, lake.bronze_namespace)
+    # Bronze snapshot id -> the silver tables that applied up to it, in any namespace (one pass over the catalog,
+    # which keeps the tables it loaded for the silver status below).
+    silver_tables: dict[str, Table] = {}
+    applied_by = silver_positions(catalog, lake.bronze_namespace, silver_tables)
     for name in names:
         identifier = f"{lake.bronze_namespace}.{name}"
         table = _load(catalog, identifier)
@@ -549,7 +551,7 @@ def collect_status(
             if silver_id != same_name
         }
         for silver_id in [same_name, *sorted(others)]:
-            silver = _load(catalog, silver_id)
+            silver = silver_tables.get(silver_id) or _load(catalog, silver_id)
             if silver is not None:
                 status.silvers.append(silver_status(silver, silver_id, table))
         result.append(status)
