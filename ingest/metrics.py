@@ -21,7 +21,10 @@ class IngestMetrics:
         self.records_in = Counter("cdclake_records_in", "Records read from the source", ["topic"], registry=r)
         self.records_written = Counter("cdclake_records_written", "Records committed to bronze", ["table"], registry=r)
         self.records_skipped = Counter(
-            "cdclake_records_skipped", "Records already in bronze (replays), heartbeats", ["reason"], registry=r
+            "cdclake_records_skipped",
+            "Records already in bronze (replays) or read before (rewound), heartbeats",
+            ["reason"],
+            registry=r,
         )
         self.dead_letters = Counter(
             "cdclake_dead_letters", "Records sent to the dead-letter table", ["topic"], registry=r

@@ -177,6 +177,11 @@ class Pipeline:
         self._table_names: dict[str, str] = {}
         # Per partition: which offsets in [low, high) the dead-letter table holds (see _dead_lettered).
         self._dead_letter_window: dict[tuple[str, int], tuple[int, int, set[int]]] = {}
+        # Per partition, the offset after the last record the source handed over since the partition was assigned.
+        # A Kafka client whose fetch offset went out of range resets it (auto.offset.reset: earliest) and hands over
+        # again records that may still be in the buffer, not yet committed: those are dropped (_drop_rewound).
+        self._read_to: dict[tuple[str, int], int] = {}
+        self._rewound_to: dict[tuple[str, int], int] = {}  # per partition, the offset after the last one skipped so
         self._skips: dict[str, int] = {}
         self.fast_path = fast_path
         decoder = Decoder()
@@ -267,6 +272,7 @@ class Pipeline:
             self._load_table_state(DEAD_LETTER_TABLE)
             tp = (topic, partition)
             self._dead_letter_window.pop(tp, None)
+            self._read_to.pop(tp, None)
             offset = self._committed[name].get(tp)
             dead_offset = self._offsets(DEAD_LETTER_TABLE).get(tp)
             if offset is None or dead_offset is None or dead_offset <= offset:
@@ -365,7 +371,13 @@ class Pipeline:
                 self._decode_staged(staged)
                 self._book(staged)
             else:
+                read_to = self._read_to
                 for record in records:
+                    tp = (record.topic, record.partition)
+                    if record.offset < read_to.get(tp, -1):
+                        self._drop_rewound([record])
+                        continue
+                    read_to[tp] = record.offset + 1
                     self._accept_one(record, ingested_at)
         finally:
             self._count_in(records)
@@ -423,6 +435,8 @@ class Pipeline:
         names: list[str | None] = []
         append = names.append
         known: dict[str, tuple[str, Offsets]] = {}  # topic -> table, its committed offsets (loaded as _offsets does)
+        read_to = self._read_to
+        rewound: list[int] = []
         for record in records:
             topic = record.topic
             table = known.get(topic)
@@ -432,7 +446,20 @@ class Pipeline:
                     name = self._route(topic)
                 table = known[topic] = (name, self._offsets(name))
             name, committed = table
-            append(None if committed and record.offset < committed.get((topic, record.partition), -1) else name)
+            tp = (topic, record.partition)
+            offset = record.offset
+            if offset < read_to.get(tp, -1):
+                rewound.append(len(names))
+                append(None)
+                continue
+            read_to[tp] = offset + 1
+            append(None if committed and offset < committed.get(tp, -1) else name)
+        if rewound:
+            self._drop_rewound([records[index] for index in rewound])
+            self._count_in([records[index] for index in rewound])
+            dropped = set(rewound)
+            records = [record for index, record in enumerate(records) if index not in dropped]
+            names = [name for index, name in enumerate(names) if index not in dropped]
         # Records below the dead-letter table's offsets but not the data table's take the per-record path, which
         # asks the dead-letter table whether it holds them (_dead_lettered). Usually there are none.
         window = {
@@ -450,6 +477,25 @@ class Pipeline:
             if group is not None and id(group) not in built:
                 built[id(group)] = group
         return StagedPoll(records, ingested_at, groups, list(built.values()), _size_of(records))
+
+    def _drop_rewound(self, records: list[RawRecord]) -> None:
+        """Skip records at offsets this process has read since their partition was assigned: the client went back
+        (an offset reset after the broker lost the fetch position). Taken again, those still in the buffer would
+        land twice; those committed already are replays anyway. Logged once per partition and going back."""
+        for record in records:
+            self._skip("rewound")
+            tp = (record.topic, record.partition)
+            if self._rewound_to.get(tp) != record.offset:
+                log.warning(
+                    "%s[%d]: the Kafka client went back to offset %d after reading up to offset %d (an offset reset, "
+                    "source.consumer.auto.offset.reset, after the broker lost the fetch position: e.g. an unclean "
+                    "leader election); the records read before are skipped",
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    self._read_to[tp] - 1,
+                )
+            self._rewound_to[tp] = record.offset + 1
 
     def _decode_staged(self, staged: StagedPoll) -> None:
         """Phase 2, each group's Arrow table (on the decode thread for stage_batch: pyarrow's JSON parse and
@@ -909,8 +955,9 @@ class Pipeline:
             log.warning("partitions revoked after a failed bronze commit: the buffered records are not committed")
         else:
             self.flush()
-        for topic, _partition in partitions:
+        for topic, partition in partitions:
             self._committed.pop(self.table_for(topic), None)
+            self._read_to.pop((topic, partition), None)
 
     # -- loop ---------------------------------------------------------------------------------------------------
     def run(self, once: bool = False) -> IngestStats:

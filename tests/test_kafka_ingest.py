@@ -734,6 +734,58 @@ def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
         assert bronze_coordinates(settings) == landed
 
 
+@pytest.mark.parametrize("poll_size", [None, 4], ids=["fast-path", "per-record"])
+def test_a_client_that_goes_back_lands_each_record_once(
+    broker: TansuBroker,  # noqa: F811
+    lakehouse: Path,
+    caplog: pytest.LogCaptureFixture,
+    poll_size: int | None,
+) -> None:
+    """With auto.offset.reset: earliest, a client whose fetch position the broker lost (an unclean leader election)
+    starts the partition again from its first offset and hands over records it handed over before. Those still in
+    the buffer, not committed yet, landed twice. The client is sent back here as librdkafka's reset does (a seek to
+    the log's start) after the first polls, with nothing committed yet; every record lands once."""
+    from confluent_kafka import TopicPartition
+
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    prefix = unique("rw") + "."
+    stream = build_stream("db2", seed=5, n_keys=20, n_changes=60, partitions=1)
+    records = retopic(stream.records, prefix)
+    expected = publish(broker, records, 1)
+    topics = sorted({r.topic for r in records})
+    settings = kafka_settings(lakehouse, broker, topics=topics, latency_threshold_s=600)  # one commit, at the end
+    pipeline = build_pipeline(settings)
+    poll = pipeline.source.poll
+    read: list[int] = []
+    sent_back: set[str] = set()
+
+    def poll_then_go_back(max_records: int, timeout_s: float) -> list[Any]:
+        batch = poll(poll_size or max_records, timeout_s)
+        read.append(len(batch))
+        if batch and sum(read) >= 12 and not sent_back:
+            sent_back.update(r.topic for r in batch if r.offset > 0)
+            consumer = pipeline.source._consumer  # type: ignore[attr-defined]
+            for topic in sent_back:
+                consumer.seek(TopicPartition(topic, 0, 0))
+        return batch
+
+    pipeline.source.poll = poll_then_go_back  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="ingest.pipeline"):
+        pipeline.run(once=True)
+    assert sent_back
+    assert pipeline.stats.records_in > len(records)  # some records came twice
+    assert pipeline.stats.flushes == 1
+    counts = bronze_coordinates(settings)
+    assert set(counts) == expected
+    assert set(counts.values()) == {1}
+    skipped = pipeline.stats.records_in - len(records)
+    assert pipeline.stats.skipped >= skipped
+    warnings = [r.getMessage() for r in caplog.records if "the Kafka client went back to offset 0" in r.getMessage()]
+    assert sorted(w.split("[")[0] for w in warnings) == sorted(sent_back), caplog.text  # once each, not per record
+    assert "after reading up to offset " in warnings[0]
+
+
 def _once_against_no_cluster(lakehouse: Path, servers: str, **consumer: str) -> subprocess.CompletedProcess[str]:
     """`cdclake ingest --once` (a process of its own) at ``servers``, with ingest.unhealthy_after_s 3: it must end
     within 30 s (before, these runs waited for ever or for minutes: the timeout makes that a failure)."""
