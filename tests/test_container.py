@@ -113,7 +113,7 @@ def test_dockerfile_contract() -> None:
     assert env[f"{ENV_PREFIX}INGEST__METRICS_PORT"] == "9108"  # what HEALTHCHECK and EXPOSE assume
 
     runs = " ".join(arguments for name, arguments in instructions if name == "RUN")
-    assert "pip install -r /tmp/requirements-ingest.txt" in runs
+    assert "pip install -c /tmp/constraints.txt -r /tmp/requirements-ingest.txt" in runs
     assert "pip install --no-deps" in runs
     assert not re.search(r"openjdk|default-jre|apt-get install", runs), "the ingest image needs no JVM"
     for name, arguments in instructions:
@@ -126,7 +126,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
     lines = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and line[0] != "#"]
     assert lines[0] == "*"  # an allow-list: .venv, lakehouse/ and .cdclake/ never reach the build context
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    copied = {"requirements-ingest.txt", "pyproject.toml", "README.md", "ingest"}
+    copied = {"requirements-ingest.txt", "constraints.txt", "pyproject.toml", "README.md", "ingest"}
     assert copied <= allowed
 
 
@@ -140,6 +140,46 @@ def test_ingest_requirements_are_a_subset_of_the_project() -> None:
     assert lean
     assert set(lean) <= set(dependencies), set(lean) - set(dependencies)
     assert not any(name in line for line in lean for name in ("pyspark", "dbt"))
+
+
+def distribution_name(requirement: str) -> str:
+    """A requirement's project name, normalized (PEP 503): ``PyYAML>=6`` -> ``pyyaml``."""
+    name = re.match(r"[A-Za-z0-9._-]+", requirement.strip())
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
+
+
+def test_constraints_pin_every_dependency_at_the_version_installed() -> None:
+    """constraints.txt (make setup, the Debezium engine, the image) pins each package the project asks for, and the
+    suite runs with exactly those versions: what the image installs is what was tested. A dependency added to
+    pyproject.toml without `make lock` fails here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = {
+        distribution_name(line): line.partition("==")[2]
+        for line in requirement_lines(ROOT / "constraints.txt")
+        if "==" in line
+    }
+    assert len(pins) == len(requirement_lines(ROOT / "constraints.txt")), "only name==version lines"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    makefile = (ROOT / "Makefile").read_text()
+    engine = re.search(r"^DEBEZIUM_ENGINE := (.+)$", makefile, re.MULTILINE)
+    assert engine is not None
+    wanted += shlex.split(engine.group(1))
+    unpinned = {distribution_name(r) for r in wanted} - pins.keys()
+    assert not unpinned, f"not in constraints.txt (run make lock): {sorted(unpinned)}"
+    different = {}
+    for name, pinned in pins.items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            continue  # e.g. the Debezium engine, before `make test` installs it
+        if installed != pinned:
+            different[name] = (pinned, installed)
+    assert not different, f"installed versions differ from constraints.txt (pinned, installed): {different}"
+    assert "-c constraints.txt -e '.[dev,runtime,sources]'" in makefile
+    assert "-c constraints.txt $(DEBEZIUM_ENGINE)" in makefile
 
 
 # -- the lean image ---------------------------------------------------------------------------------------------------
