@@ -199,6 +199,13 @@ class SourceSettings(_Section):
         ),
     )
     path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")
+    heartbeat_topic_prefixes: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Your connectors' topic.heartbeat.prefix values, besides Debezium's default __debezium-heartbeat: "
+            "cdclake status does not list those topics as unlanded (ingest skips heartbeats by their content)."
+        ),
+    )
     poll_timeout_s: float = Field(default=1.0, gt=0, description="Longest wait for records in one poll.")
 
     @field_validator("topic_pattern")
@@ -217,6 +224,13 @@ class SourceSettings(_Section):
                     f"`{unsupported.group(1)}` is not in the POSIX extended regex librdkafka matches topics with "
                     "(use [0-9] for \\d; no (?...) groups)"
                 )
+        return value
+
+    @field_validator("heartbeat_topic_prefixes")
+    @classmethod
+    def _prefixes_are_names(cls, value: list[str]) -> list[str]:
+        if any(not prefix.strip() for prefix in value):
+            raise ValueError("an empty prefix would take every topic for a heartbeat topic")
         return value
 
     @field_validator("consumer")

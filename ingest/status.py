@@ -627,17 +627,19 @@ def unlanded_topic_partitions(
 ) -> list[PartitionStatus]:
     """The partitions of the subscription's topics (source.topics, or those source.topic_pattern takes) that map to
     no bronze table and are not ``known`` (landed, or dead letters): nothing of them landed. Heartbeat topics never
-    land (skipped by design). Empty when the listing fails (the lag check of the tables says why)."""
+    land (skipped by design): Debezium's default prefix and source.heartbeat_topic_prefixes. Empty when the listing
+    fails (the lag check of the tables says why)."""
     selection = TopicSelection.of(source.topics, source.topic_pattern)
     try:
         listed = partitions(None if source.topic_pattern else sorted(source.topics))
     except Exception:  # a broken lister must not break the status
         return []
+    heartbeats = (HEARTBEAT_PREFIX, *source.heartbeat_topic_prefixes)
     return [
         PartitionStatus(topic, partition, None)
         for topic, numbers in sorted(listed.items())
         if selection.follows(topic)
-        and not topic.startswith(HEARTBEAT_PREFIX)
+        and not topic.startswith(heartbeats)
         and topic not in known
         and bronze_table_name(topic, mapping) not in tables
         for partition in numbers
@@ -702,7 +704,8 @@ def stale_problems(
             waited = "" if since is None else f" for {format_age(now - since)}"
             problems.append(
                 f"topic {topic}: {count:,} record(s) in the cluster{waited} and no bronze table: nothing of it has "
-                "landed (is ingest running, and does its subscription take the topic?)"
+                "landed (is ingest running, and does its subscription take the topic? A heartbeat topic: "
+                "name its prefix in source.heartbeat_topic_prefixes)"
             )
     for topic, count in status.dead_letters_without_table.items():
         # Only while they keep coming: those of a table since dropped or mapped elsewhere stay in the dead-letter

@@ -759,3 +759,12 @@ def test_bronze_and_silver_namespaces_must_differ() -> None:
             environ={"CDCLAKE__LAKEHOUSE__BRONZE_NAMESPACE": "lake", "CDCLAKE__LAKEHOUSE__SILVER_NAMESPACE": "lake"},
         )
     assert load_settings(None, environ={"CDCLAKE__LAKEHOUSE__SILVER_NAMESPACE": "gold"}).lakehouse.silver_namespace
+
+
+def test_heartbeat_topic_prefixes_are_a_list_of_names() -> None:
+    environ = {"CDCLAKE__SOURCE__TOPICS": '["a"]'}
+    settings = load_settings(None, environ={**environ, "CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", "x.hb"]'})
+    assert settings.source.heartbeat_topic_prefixes == ["hb", "x.hb"]
+    assert load_settings(None, environ=environ).source.heartbeat_topic_prefixes == []
+    with pytest.raises(ConfigError, match=r"source\.heartbeat_topic_prefixes.*an empty prefix would take every topic"):
+        load_settings(None, environ={**environ, "CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", " "]'})

@@ -632,24 +632,31 @@ def test_status_names_a_subscribed_topic_that_has_no_bronze_table(
     """A topic of the subscription with records and no bronze table (ingest never got to it: not running, stuck,
     or started before the topic was added) was left out of `cdclake status`, which said "fresh". It is listed
     with its records, and is stale once its oldest record waited longer than --stale-after, as a table's last
-    commit is. Heartbeat topics never land, and are not listed; nor is a topic without records."""
+    commit is. Heartbeat topics never land, and are not listed (those of another prefix than Debezium's default once
+    source.heartbeat_topic_prefixes names it); nor is a topic without records."""
     from ingest.status import collect_status, idle_tables, stale_problems, status_document
 
     server = unique("sw")
     landed, waiting = f"{server}.inventory.customers", f"{server}.inventory.orders"
     heartbeat, empty = f"__debezium-heartbeat.{server}", f"{server}.inventory.empty"
+    custom_heartbeat = f"{server}.heartbeats.{server}"  # topic.heartbeat.prefix: <server>.heartbeats
     records = _customer_records(10)
     _publish_one_by_one(broker, landed, records, partition=0)
     assert run_kafka(kafka_settings(lakehouse, broker, topics=[landed])).stats.written == 10
     _publish_one_by_one(broker, waiting, records[:3], partition=0)
     _publish_one_by_one(broker, waiting, records[:2], partition=2)
     _publish_one_by_one(broker, heartbeat, [(None, b'{"ts_ms": 1}')], partition=0)
+    _publish_one_by_one(broker, custom_heartbeat, [(b'{"serverName": "x"}', b'{"ts_ms": 1}')], partition=0)
     broker.create_topics([empty], partitions=PARTITIONS)
     if subscription == "topics":
-        settings = kafka_settings(lakehouse, broker, topics=[landed, waiting, heartbeat, empty])
+        settings = kafka_settings(lakehouse, broker, topics=[landed, waiting, heartbeat, custom_heartbeat, empty])
     else:
         settings = kafka_settings(lakehouse, broker, topic_pattern=rf"^{re.escape(server)}\.")
     produced_by = dt.datetime.now(dt.UTC)
+    # A heartbeat topic of another prefix than Debezium's default is known by its prefix, once status is told it.
+    assert collect_status(settings).topics_without_table == {waiting: 5, custom_heartbeat: 1}
+    source = settings.source.model_copy(update={"heartbeat_topic_prefixes": [f"{server}.heartbeats"]})
+    settings = settings.model_copy(update={"source": source})
     status = collect_status(settings)
     assert [table.name for table in status.tables] == [f"{server}_inventory_customers"]
     assert status.topics_without_table == {waiting: 5}
@@ -659,7 +666,8 @@ def test_status_names_a_subscribed_topic_that_has_no_bronze_table(
     later = stale_problems(status, 3600, now=since + dt.timedelta(hours=2))
     assert later[0] == (
         f"topic {waiting}: 5 record(s) in the cluster for 2h00m and no bronze table: nothing of it has landed (is "
-        "ingest running, and does its subscription take the topic?)"
+        "ingest running, and does its subscription take the topic? A heartbeat topic: name its prefix in "
+        "source.heartbeat_topic_prefixes)"
     )
     # The landed table committed as long ago, but nothing waits for it (lag 0): idle, not stale.
     assert later[1:] == []
