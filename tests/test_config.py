@@ -763,8 +763,12 @@ def test_bronze_and_silver_namespaces_must_differ() -> None:
 
 def test_heartbeat_topic_prefixes_are_a_list_of_names() -> None:
     environ = {"CDCLAKE__SOURCE__TOPICS": '["a"]'}
-    settings = load_settings(None, environ={**environ, "CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", "x.hb"]'})
-    assert settings.source.heartbeat_topic_prefixes == ["hb", "x.hb"]
-    assert load_settings(None, environ=environ).source.heartbeat_topic_prefixes == []
+    prefixes = {"CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", "x.hb"]'}
+    source = load_settings(None, environ={**environ, **prefixes}).source
+    assert source is not None
+    assert source.heartbeat_topic_prefixes == ["hb", "x.hb"]
+    default = load_settings(None, environ=environ).source
+    assert default is not None
+    assert default.heartbeat_topic_prefixes == []
     with pytest.raises(ConfigError, match=r"source\.heartbeat_topic_prefixes.*an empty prefix would take every topic"):
         load_settings(None, environ={**environ, "CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", " "]'})

@@ -655,6 +655,7 @@ def test_status_names_a_subscribed_topic_that_has_no_bronze_table(
     produced_by = dt.datetime.now(dt.UTC)
     # A heartbeat topic of another prefix than Debezium's default is known by its prefix, once status is told it.
     assert collect_status(settings).topics_without_table == {waiting: 5, custom_heartbeat: 1}
+    assert settings.source is not None
     source = settings.source.model_copy(update={"heartbeat_topic_prefixes": [f"{server}.heartbeats"]})
     settings = settings.model_copy(update={"source": source})
     status = collect_status(settings)
