@@ -194,14 +194,25 @@ def plan_table(
             f"{by} has not applied anything newer; if no model builds it any more, drop it"
         )
 
-    def expire_before(at: dt.datetime) -> dt.datetime:
+    def expire_before(at: dt.datetime, kept_from: dt.datetime | None = position) -> dt.datetime:
         # Snapshots strictly older than this expire: silver's applied snapshot stays.
         cutoff = at - expire_window
-        return cutoff if position is None else min(cutoff, position)
+        return cutoff if kept_from is None else min(cutoff, kept_from)
 
-    def expire_sql(at: dt.datetime) -> str:
-        arguments = f", older_than => {timestamp_literal(expire_before(at))}, retain_last => {config.retain_last}"
-        return sql("expire_snapshots", arguments)
+    def expire_sql(at: dt.datetime, kept_from: dt.datetime | None = position) -> str:
+        older_than = timestamp_literal(expire_before(at, kept_from))
+        return sql("expire_snapshots", f", older_than => {older_than}, retain_last => {config.retain_last}")
+
+    def expire_sql_when_run(at: dt.datetime) -> str:
+        # Main's history as it is when the expiry runs: a snapshot committed since the plan, stamped earlier than
+        # the applied one by a host whose clock is behind, would otherwise stop Iceberg's walk above it.
+        kept_from = position
+        with contextlib.suppress(Exception):  # the table unreadable now: the expiry itself will say so
+            fresh = protected_position(catalog.load_table(identifier), protected or {})
+            if fresh is not None:
+                at_run = dt.datetime.fromtimestamp(fresh[0] / 1000, tz=dt.UTC)
+                kept_from = at_run if kept_from is None else min(kept_from, at_run)
+        return expire_sql(at, kept_from)
 
     orphan_window = dt.timedelta(hours=max(config.orphan_older_than_hours, MIN_ORPHAN_HOURS))
 
@@ -210,7 +221,7 @@ def plan_table(
 
     if position is not None and position >= now - expire_window:
         note = None  # the configured window keeps it anyway
-    steps.append(Step(layer, identifier, "expire_snapshots", expire_sql(now), note, expire_sql))
+    steps.append(Step(layer, identifier, "expire_snapshots", expire_sql(now), note, expire_sql_when_run))
     steps.append(Step(layer, identifier, "remove_orphan_files", orphan_sql(now), None, orphan_sql))
     return TablePlan(
         layer=layer,

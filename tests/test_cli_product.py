@@ -823,6 +823,42 @@ def test_expiry_keeps_silvers_snapshot_when_a_later_one_is_stamped_earlier() -> 
     assert protected_position(table, {9: "silver.c"}) == (120, 9, "silver.c")
 
 
+def test_the_expiry_keeps_silvers_snapshot_from_the_history_it_finds_when_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bronze snapshot silver applied is protected by the timestamps of main's history when the expiry runs, not
+    when `maintain` planned it: compaction and manifest rewrites run in between, for minutes on a large lakehouse,
+    and an ingester whose clock is behind may commit meanwhile. Its snapshot, stamped earlier than the applied one,
+    would stop Iceberg's walk above the applied snapshot, which would expire (the model then re-reads all bronze)."""
+    from types import SimpleNamespace
+
+    import pyiceberg.table.snapshots
+
+    settings = make_settings(tmp_path)
+    assert ingest_file(settings, PG_DUMP, max_records=5).stats.flushes > 2
+    identifier = f"bronze.{CUSTOMERS}"
+    applied = _snapshot_ids(settings, identifier)[1]
+    now = dt.datetime.now(dt.UTC)
+    make_silver(settings, CUSTOMERS, applied, now)
+    maintenance = MaintenanceSettings(bronze=LayerMaintenance(expire_older_than_hours=0, retain_last=1))
+    (plan,) = plan_maintenance(load_catalog(settings), settings, maintenance, ["bronze"], [CUSTOMERS], now)
+    (expiry,) = [step for step in plan.steps if step.procedure == "expire_snapshots"]
+    table = load_catalog(settings).load_table(identifier)
+    snapshot = table.snapshot_by_id(applied)
+    assert snapshot is not None
+    applied_at = snapshot.timestamp_ms
+    planned = f"older_than => {timestamp_literal(dt.datetime.fromtimestamp(applied_at / 1000, tz=dt.UTC))}"
+    assert planned in expiry.sql_at(now)
+
+    behind = applied_at / 1000 - 3600  # another host, its clock an hour behind, commits to bronze after the plan
+    monkeypatch.setattr(pyiceberg.table.snapshots, "time", SimpleNamespace(time=lambda: behind))
+    table.append(table.scan(limit=1).to_arrow())
+    monkeypatch.undo()
+    assert expiry.sql_at(now) == expiry.sql.replace(
+        planned, f"older_than => {timestamp_literal(dt.datetime.fromtimestamp(behind, tz=dt.UTC))}"
+    )
+
+
 # -- Spark: maintain ---------------------------------------------------------------------------------------------------
 def _snapshot_ids(settings: Settings, identifier: str) -> list[int]:
     table = load_catalog(settings).load_table(identifier)
