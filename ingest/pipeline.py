@@ -181,7 +181,7 @@ class Pipeline:
         # A Kafka client whose fetch offset went out of range resets it (auto.offset.reset: earliest) and hands over
         # again records that may still be in the buffer, not yet committed: those are dropped (_drop_rewound).
         self._read_to: dict[tuple[str, int], int] = {}
-        self._rewound_to: dict[tuple[str, int], int] = {}  # per partition, the offset after the last one skipped so
+        self._rewound_to: dict[tuple[str, int], int] = {}  # the offset after the last one skipped: one warning a run
         self._skips: dict[str, int] = {}
         self.fast_path = fast_path
         decoder = Decoder()
