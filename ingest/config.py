@@ -116,6 +116,12 @@ class LakehouseSettings(_Section):
                     "the part before the host holds more than one '@': percent-encode an '@' in the user name or "
                     "password as %40"
                 )
+            if not url.database:
+                # libpq would connect to the database named after the user, Spark's JDBC driver to none: give the
+                # one both use.
+                raise ValueError(
+                    "name the catalog's database after the host: postgresql+psycopg2://user:password@host:5432/db"
+                )
         else:
             raise ValueError(
                 f"catalog database {url.drivername!r} is not supported: use sqlite:////abs/catalog.db or "

@@ -25,7 +25,7 @@ import yaml
 
 from ingest.config import Settings, redact
 from ingest.jvm_archive import driver_spark_conf
-from ingest.lakehouse import runtime_dir, secret_spark_keys, spark_conf
+from ingest.lakehouse import is_local_master, runtime_dir, secret_spark_keys, spark_conf, spark_master
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,9 @@ def secret_environment(settings: Settings) -> dict[str, str]:
 
 
 def dbt_environment(settings: Settings) -> dict[str, str]:
-    env = {"DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "TZ": "UTC", "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {"DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "TZ": "UTC"}
+    if is_local_master(spark_master(settings)) and "SPARK_LOCAL_IP" not in os.environ:
+        env["SPARK_LOCAL_IP"] = "127.0.0.1"  # on a cluster, executors must reach the driver at its own address
     env.update(secret_environment(settings))
     return env
 
@@ -210,7 +212,7 @@ def start_session_beside(settings: Settings, command: Sequence[str]) -> threadin
         return None
     from ingest.spark import prepare_driver_process
 
-    prepare_driver_process()  # here, not in the thread: dbt's log times would switch to UTC halfway
+    prepare_driver_process(settings)  # here, not in the thread: dbt's log times would switch to UTC halfway
 
     def start() -> None:
         from ingest.spark import spark_session

@@ -237,9 +237,21 @@ def read_spark_defaults(path: Path) -> dict[str, str]:
     return conf
 
 
+def spark_master(settings: Settings) -> str:
+    """The master Spark runs on: spark.master in spark.conf, else spark.master's own setting."""
+    return settings.spark.conf.get("spark.master", settings.spark.master)
+
+
+def is_local_master(master: str) -> bool:
+    return master.strip().startswith("local")
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
-    """Every Spark setting of this lakehouse: static defaults, derived catalog, jars, then user overrides."""
+    """Every Spark setting of this lakehouse: static defaults (with those of a local master: spark_conf/local.conf),
+    derived catalog, jars, then user overrides."""
     conf = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf")
+    if is_local_master(spark_master(settings)):
+        conf.update(read_spark_defaults(PROJECT_ROOT / "spark_conf" / "local.conf"))
     conf.update(jdbc_catalog_conf(settings))
     conf["spark.sql.defaultCatalog"] = settings.lakehouse.catalog_name
     conf["spark.sql.warehouse.dir"] = str(runtime_dir() / "spark-warehouse")

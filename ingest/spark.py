@@ -11,14 +11,17 @@ from ingest.config import Settings
 from ingest.jvm_archive import driver_spark_conf
 
 
-def prepare_driver_process() -> None:
+def prepare_driver_process(settings: Settings) -> None:
     """What the process needs before a driver starts in it (idempotent; spark_session calls it)."""
+    from ingest.lakehouse import is_local_master, spark_master
+
     # pyspark turns timestamps into naive datetimes of the process's time zone: keep the Python side in UTC, as the
     # session is, whatever the user's TZ says (else `cdclake sql` would print them shifted).
     os.environ["TZ"] = "UTC"
     time.tzset()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if is_local_master(spark_master(settings)):  # a cluster's executors must reach the driver: its own address
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
@@ -26,7 +29,7 @@ def spark_session(settings: Settings, app_name: str = "cdclake") -> Any:
     from ingest.lakehouse import check_catalog_reachable
 
     check_catalog_reachable(settings)  # one line naming the setting, rather than the JVM's stack trace
-    prepare_driver_process()
+    prepare_driver_process(settings)
     from pyspark.sql import SparkSession
 
     conf = driver_spark_conf(settings)  # the driver maps the classes setup archived

@@ -606,13 +606,16 @@ def test_the_demo_writes_a_config_its_suggested_commands_can_use(tmp_path: Path)
             "postgresql+psycopg2://iceberg:Sec@ret99@db/iceberg",
             r"the part before the host holds more than one '@': percent-encode an '@' .* %40",
         ),
+        ("postgresql+psycopg2://iceberg:S3cretPw99@db:5432", r"name the catalog's database after the host"),
+        ("postgresql://iceberg:S3cretPw99@db/", r"name the catalog's database after the host"),
         ("sqlite://", r"an in-memory SQLite catalog is not shared with Spark"),
         ("sqlite:///:memory:", r"an in-memory SQLite catalog"),
     ],
 )
 def test_a_catalog_uri_cdclake_cannot_use_is_named_at_load(tmp_path: Path, uri: str, message: str) -> None:
     """Each of these failed later: a traceback from SQLAlchemy (an unknown dialect or a driver not installed), a
-    host name holding the end of the password (an unencoded '@'), or a catalog each connection saw empty."""
+    host name holding the end of the password (an unencoded '@'), a catalog each connection saw empty, or (no
+    database) pyiceberg and Spark in different databases: libpq takes the user's name, Spark's URL said `None`."""
     with pytest.raises(ConfigError, match=rf"lakehouse\.catalog_uri: Value error, {message}") as failure:
         load_settings(write(tmp_path, f"lakehouse:\n  catalog_uri: '{uri}'\n"), environ={})
     assert "S3cretPw99" not in str(failure.value)
@@ -772,3 +775,40 @@ def test_heartbeat_topic_prefixes_are_a_list_of_names() -> None:
     assert default.heartbeat_topic_prefixes == []
     with pytest.raises(ConfigError, match=r"source\.heartbeat_topic_prefixes.*an empty prefix would take every topic"):
         load_settings(None, environ={**environ, "CDCLAKE__SOURCE__HEARTBEAT_TOPIC_PREFIXES": '["hb", " "]'})
+
+
+@pytest.mark.parametrize(
+    ("spark", "local"),
+    [
+        ({}, True),
+        ({"master": "local[*]"}, True),
+        ({"master": "spark://spark-master:7077"}, False),
+        ({"master": "local[2]", "conf": {"spark.master": "k8s://https://kubernetes.default.svc:443"}}, False),
+        ({"master": "yarn", "conf": {"spark.sql.shuffle.partitions": "64"}}, False),
+    ],
+)
+def test_a_local_masters_settings_stay_off_a_cluster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: dict[str, object], local: bool
+) -> None:
+    """The embedded default's 4 shuffle partitions and loopback driver (spark_conf/local.conf, SPARK_LOCAL_IP)
+    capped every shuffle of a cluster at 4 tasks and gave its executors a driver address they cannot reach."""
+    from ingest import dbt_runner
+    from ingest.lakehouse import spark_conf
+
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    text = yaml.safe_dump({"lakehouse": {"warehouse": f"{tmp_path}/wh"}, "spark": spark})
+    settings = load_settings(write(tmp_path, text), environ={})
+    conf = spark_conf(settings)
+    loopback = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    if local:
+        assert conf.items() >= {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"}.items()
+        assert conf.items() >= loopback.items()
+        assert dbt_runner.dbt_environment(settings)["SPARK_LOCAL_IP"] == "127.0.0.1"
+    else:
+        assert not conf.keys() & {"spark.default.parallelism", *loopback}
+        # Spark's own default (200, which adaptive execution coalesces), or the user's.
+        assert conf.get("spark.sql.shuffle.partitions") == settings.spark.conf.get("spark.sql.shuffle.partitions")
+        assert "SPARK_LOCAL_IP" not in dbt_runner.dbt_environment(settings)
+    assert conf["spark.sql.adaptive.enabled"] == "true"  # every master
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.5")  # the user's own wins
+    assert "SPARK_LOCAL_IP" not in dbt_runner.dbt_environment(settings)

@@ -270,6 +270,9 @@ def test_silver_on_the_cluster_equals_local_silver(pg_lakehouse: BuiltLakehouse,
         "conf": {
             "spark.executor.memory": "512m",
             "spark.dynamicAllocation.enabled": "false",
+            # A non-local master leaves the driver's address to Spark (its host name); this cluster is on loopback.
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.extraJavaOptions": TEST_JAVA_OPTIONS,
             "spark.executor.extraJavaOptions": TEST_JAVA_OPTIONS,
         },
