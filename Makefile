@@ -15,10 +15,12 @@ PYTEST_ARGS ?=
 setup: $(STAMP) runtime
 
 # constraints.txt pins every package to the version the suite last passed with (`make lock` moves them on).
+# EXTRAS: the optional dependencies installed (the compose dbt job takes `runtime` only: no linters, no drivers).
+EXTRAS ?= dev,runtime,sources
 $(STAMP): pyproject.toml scripts/setup_venv.sh constraints.txt
 	@bash scripts/setup_venv.sh $(PYTHON) $(VENV)
 	@$(PY) -m pip install -q --upgrade pip >/dev/null
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,runtime,sources]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[$(EXTRAS)]'
 	@touch $@
 
 # Every time (0.2 s when nothing is missing): it checks the apt packages, jars and broker itself, so a package
