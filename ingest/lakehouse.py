@@ -246,6 +246,20 @@ def is_local_master(master: str) -> bool:
     return master.strip().startswith("local")
 
 
+def local_warehouse_on_cluster(settings: Settings) -> str | None:
+    """Why a warehouse on a local path is suspect with this master, or None. Not an error: a cluster on one host, or
+    a path every node mounts at the same place, works."""
+    master = spark_master(settings)
+    warehouse = warehouse_uri(settings)
+    if is_local_master(master) or not warehouse.startswith("file:"):
+        return None
+    return (
+        f"lakehouse.warehouse is a local path ({warehouse}) and spark.master is {master}: each executor writes "
+        "its data files to that path on its own host, where the driver and the other executors cannot read them, "
+        "unless every node mounts the same storage there. Use storage every node reaches (s3a://, hdfs://)"
+    )
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Every Spark setting of this lakehouse: static defaults (with those of a local master: spark_conf/local.conf),
     derived catalog, jars, then user overrides."""

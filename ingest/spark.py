@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -10,11 +11,18 @@ from typing import Any
 from ingest.config import Settings
 from ingest.jvm_archive import driver_spark_conf
 
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # each suspect setting once per process
+
 
 def prepare_driver_process(settings: Settings) -> None:
     """What the process needs before a driver starts in it (idempotent; spark_session calls it)."""
-    from ingest.lakehouse import is_local_master, spark_master
+    from ingest.lakehouse import is_local_master, local_warehouse_on_cluster, spark_master
 
+    suspect = local_warehouse_on_cluster(settings)
+    if suspect is not None and suspect not in _warned:
+        _warned.add(suspect)
+        log.warning("%s", suspect)
     # pyspark turns timestamps into naive datetimes of the process's time zone: keep the Python side in UTC, as the
     # session is, whatever the user's TZ says (else `cdclake sql` would print them shifted).
     os.environ["TZ"] = "UTC"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -812,3 +813,28 @@ def test_a_local_masters_settings_stay_off_a_cluster(
     assert conf["spark.sql.adaptive.enabled"] == "true"  # every master
     monkeypatch.setenv("SPARK_LOCAL_IP", "10.0.0.5")  # the user's own wins
     assert "SPARK_LOCAL_IP" not in dbt_runner.dbt_environment(settings)
+
+
+def test_a_local_warehouse_with_a_cluster_master_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Executors on other hosts would write their data files to their own disks. A warning, not an error: a
+    one-host cluster, or a path every node mounts, works."""
+    from ingest.lakehouse import local_warehouse_on_cluster
+    from ingest.spark import prepare_driver_process
+
+    def settings(warehouse: str, master: str) -> Settings:
+        text = yaml.safe_dump({"lakehouse": {"warehouse": warehouse}, "spark": {"master": master}})
+        return load_settings(write(tmp_path, text), environ={})
+
+    assert local_warehouse_on_cluster(settings(f"{tmp_path}/wh", "local[2]")) is None
+    assert local_warehouse_on_cluster(settings("s3a://lake/wh", "spark://spark-master:7077")) is None
+    cluster = settings(f"{tmp_path}/wh", "spark://spark-master:7077")
+    message = local_warehouse_on_cluster(cluster)
+    assert message is not None
+    assert message.startswith(f"lakehouse.warehouse is a local path (file://{tmp_path}/wh) and spark.master is ")
+    monkeypatch.setenv("TZ", "UTC")  # restored afterwards: prepare_driver_process sets it
+    with caplog.at_level(logging.WARNING, logger="ingest.spark"):
+        prepare_driver_process(cluster)
+        prepare_driver_process(cluster)
+    assert [r.getMessage() for r in caplog.records if r.name == "ingest.spark"] == [message]  # once
