@@ -426,6 +426,7 @@ def raw_consume(broker: TansuBroker, results: Results) -> None:
             checksum += len(message.key() or b"") + (len(value) if value else 0) + (message.offset() or 0)
             message.timestamp()
             message.topic()
+            message.headers()  # bronze keeps them (_cdc_headers): --context-headers runs pay for them here too
             seen += 1
     finished = time.perf_counter()
     results.raw_cpu_s = _cpu_seconds() - cpu
@@ -506,6 +507,8 @@ def ingest(broker: TansuBroker, results: Results, root: Path, profile: Path | No
     results.written = stats.written
     if stats.records_in != results.events:
         results.notes.append(f"cdclake read {stats.records_in} events, expected {results.events}")
+    if stats.written != results.events:  # every event lands, tombstones included: none skipped or lost
+        results.notes.append(f"cdclake committed {stats.written} rows to bronze, expected {results.events}")
     if stats.dead_letters:
         results.notes.append(f"{stats.dead_letters} dead letters")
 
