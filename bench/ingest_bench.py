@@ -586,8 +586,9 @@ def render_markdown(reports: list[Report]) -> str:
     lines = [
         "## Ingest",
         "",
-        "Reproduce with `make bench` (`python -m bench`; `--events N`, default 1,000,000; "
-        "`python -m bench.ingest_bench --table orders` for the wider table).",
+        "Reproduce with `make bench` (`python -m bench`; `--events N`, default 1,000,000, as `make bench "
+        'BENCH_ARGS="--events N"`); this part alone: `python -m bench.ingest_bench --repeat 3` (`--table orders` for '
+        "the wider table).",
         "",
         f"{results.events:,} Debezium change events of `{TABLES[results.table].topic}` (PostgreSQL connector, "
         f"{TABLES[results.table].description}, Debezium 3.6.3's envelope, JSON converter with `schemas.enable=true`; "
