@@ -133,6 +133,7 @@ ROW_SQL = [
     "off as _cdc_offset",
     f"timestamp_millis({T0_MS} + off) as _cdc_kafka_ts",
     "ing as _cdc_ingested_at",
+    "cast(null as array<struct<key: string, value: binary>>) as _cdc_headers",  # Debezium's records here have none
     "array(off + 1, off + 1) as _cdc_order",  # Informix-shaped (commit_lsn, change_lsn)
     """concat('{"id":', k, '}') as _cdc_key_json""",
     "named_struct('id', k) as key",

@@ -399,6 +399,17 @@ def test_a_boolean_snapshot_flag_and_its_later_text_share_one_column(source: str
     assert fast_share(records) > 0.8
 
 
+def test_the_merge_benchmarks_bronze_rows_fill_every_bronze_column() -> None:
+    """The merge benchmark writes its synthetic bronze with Spark SQL (ROW_SQL) into a table of bronze's columns:
+    a column bronze gains (`_cdc_headers`, 2026-12-02) must be written too, or every `make bench` fails."""
+    from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS
+
+    bench = importlib.import_module("bench.merge_bench")
+    written = [sql.rsplit(" as ", 1)[-1] for sql in bench.ROW_SQL]  # `op` is a column as it is
+    assert written == bench.BRONZE_SCHEMA.names
+    assert written[: len(COORDINATE_FIELDS) + len(CHANGE_FIELDS)] == [f.name for f in COORDINATE_FIELDS + CHANGE_FIELDS]
+
+
 @pytest.mark.parametrize("table", ["customers", "orders"])
 def test_benchmark_envelopes(table: str) -> None:
     envelopes = importlib.import_module("bench.ingest_bench").envelopes
