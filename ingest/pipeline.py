@@ -455,8 +455,9 @@ class Pipeline:
             read_to[tp] = offset + 1
             append(None if committed and offset < committed.get(tp, -1) else name)
         if rewound:
-            self._drop_rewound([records[index] for index in rewound])
-            self._count_in([records[index] for index in rewound])
+            taken_again = [records[index] for index in rewound]
+            self._drop_rewound(taken_again)
+            self._count_in(taken_again)
             dropped = set(rewound)
             records = [record for index, record in enumerate(records) if index not in dropped]
             names = [name for index, name in enumerate(names) if index not in dropped]
