@@ -244,14 +244,6 @@ class BronzeTables:
                 delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
 
-    def _landed_offsets(self, identifier: str) -> Offsets:
-        """The committed offsets of the bronze table ``identifier`` (none if it does not exist yet)."""
-        try:
-            table = self.catalog.load_table(identifier)
-        except NoSuchTableError:
-            return {}
-        return decode_offsets(table.properties.get(OFFSETS_PROPERTY))
-
     def _commit_once(self, batch: TableBatch) -> int:
         table = self.load(batch.name)
         provisional = table is not None and table.properties.get(LAYOUT_PROVISIONAL_PROPERTY) == "true"
@@ -284,7 +276,8 @@ class BronzeTables:
         stored = decode_offsets(table.properties.get(OFFSETS_PROPERTY))
         # Rows another writer (a restarted process, the new owner after a rebalance, or a zombie that lost its
         # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
-        rows = _unwritten_rows(table, batch, stored, self._landed_offsets)
+        # A dead letter's destination is the identifier of a table of this namespace (its name after the dot).
+        rows = _unwritten_rows(table, batch, stored, lambda destination: self.offsets(destination.rpartition(".")[2]))
         data = pa.Table.from_pylist(rows, schema=target)
         if batch.tables:
             parts = [conform_table(part, target) for part in batch.tables]
