@@ -781,6 +781,51 @@ def test_a_stale_writer_does_not_dead_letter_a_record_its_successor_landed(tmp_p
     assert dead == 0, "offset 5 is in the data table: it must not be a dead letter too"
 
 
+def test_a_record_another_writer_dead_lettered_first_is_not_landed_too(tmp_path: Path) -> None:
+    """The reverse order: the old owner of a partition commits its dead letter of a record (its copy cut short) and
+    dies before its data commit; the new owner, which started before that commit and decoded the record, commits
+    it to the data table. The dead-letter table decides, as on a restart: the record is left out of the data
+    table, and every record is in exactly one of the two tables."""
+    import datetime as dt
+
+    from ingest.bronze.naming import DEAD_LETTER_TABLE
+
+    settings = make_settings(tmp_path / "lake")
+    topic = Topic("ifx.handover.r")
+    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
+    cut = [dict(line) for line in lines[:12]]
+    cut[5]["payload"] = str(cut[5]["payload"])[:40]  # the old owner's copy of offset 5: not JSON
+    stale = _dump(tmp_path / "stale.jsonl", cut)
+    full = _dump(tmp_path / "full.jsonl", lines)
+
+    new_owner = file_pipeline(settings, full)
+    new_owner.source.start(new_owner.resolve)
+    new_owner.accept_batch(new_owner.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
+    assert new_owner.stats.dead_letters == 0  # all 20 buffered, offset 5 decoded
+
+    old_owner = file_pipeline(settings, stale)
+    old_owner.source.start(old_owner.resolve)
+    old_owner.accept_batch(old_owner.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
+    assert old_owner.stats.dead_letters == 1
+    commit = old_owner.tables.commit
+
+    def dies_before_its_data_commit(batch: Any, on_retry: Any = None) -> int:
+        if batch.name != DEAD_LETTER_TABLE:
+            raise KeyboardInterrupt("killed between the two commits")
+        return commit(batch, on_retry)
+
+    old_owner.tables.commit = dies_before_its_data_commit  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        old_owner.flush()
+    new_owner.flush()
+
+    counts = bronze_coordinates(settings)
+    assert set(counts) == {(topic.name, 0, offset) for offset in range(20)}
+    assert {c: n for c, n in counts.items() if n != 1} == {}
+    dead = load_catalog(settings).load_table(f"bronze.{DEAD_LETTER_TABLE}").scan().to_arrow()
+    assert dead["_cdc_offset"].to_pylist() == [5]
+
+
 # -- 5. bad input: one corpus, through the file source and through the broker ------------------------------------------
 BAD_INPUT = FIXTURES / "bad_input"
 

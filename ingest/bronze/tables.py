@@ -30,6 +30,7 @@ from ingest.bronze.append import append
 from ingest.bronze.columnar import conform_table, drop_committed
 from ingest.bronze.dead_letters import dead_lettered_offsets
 from ingest.bronze.evolution import merge_schemas, normalized
+from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
 from ingest.errors import CommitError, DecodeError, TypeConflictError
 
@@ -284,6 +285,8 @@ class BronzeTables:
             data = drop_committed(
                 pa.concat_tables([data, *parts] if data.num_rows else parts), stored, list(batch.offsets)
             )
+        if batch.kind != DEAD_LETTER_KIND:
+            data = self._without_dead_letters(batch, data, stored)
         merged = merge_offsets(stored, batch.offsets)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
@@ -313,6 +316,55 @@ class BronzeTables:
                 transaction.remove_properties(LAYOUT_PROVISIONAL_PROPERTY)
         log.debug("committed %s", self.identifier(batch.name))
         return int(data.num_rows)
+
+    def _without_dead_letters(self, batch: TableBatch, data: pa.Table, stored: Offsets) -> pa.Table:
+        """``data`` without the records the dead-letter table holds for this table: another writer of the partition
+        (the old owner after a rebalance, or a process that died between its two commits) dead-lettered them after
+        this one had started past its offsets, and a record stays in exactly one of the two tables. The reverse of
+        _unwritten_rows' rule for dead letters; like the restart's check (Pipeline._dead_lettered), the dead-letter
+        table decides, not how this writer decoded the record."""
+        if not data.num_rows:
+            return data
+        dead_table = self.load(DEAD_LETTER_TABLE)
+        if dead_table is None:
+            return data
+        dead_offsets = decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
+        drop = None
+        for (topic, partition), high in dead_offsets.items():
+            low = stored.get((topic, partition), 0)
+            if (topic, partition) not in batch.offsets or high <= low:
+                continue
+            in_partition = pc.and_(pc.equal(data["_cdc_topic"], topic), pc.equal(data["_cdc_partition"], partition))
+            window = pc.and_(
+                in_partition,
+                pc.and_(pc.greater_equal(data["_cdc_offset"], low), pc.less(data["_cdc_offset"], high)),
+            )
+            candidates = pc.filter(data["_cdc_offset"], window)
+            if not len(candidates):
+                continue
+            bounds = pc.min_max(candidates)
+            held = dead_lettered_offsets(
+                dead_table,
+                topic,
+                partition,
+                bounds["min"].as_py(),
+                bounds["max"].as_py() + 1,
+                self.identifier(batch.name),
+            )
+            if not held:
+                continue
+            lettered = pc.and_(in_partition, pc.is_in(data["_cdc_offset"], pa.array(sorted(held), pa.int64())))
+            drop = lettered if drop is None else pc.or_(drop, lettered)
+        if drop is None or not pc.any(drop).as_py():
+            return data
+        dropped = pc.sum(pc.cast(drop, pa.int64())).as_py()
+        log.warning(
+            "bronze table %s: %d record(s) left out, the dead-letter table holds them (another writer of the "
+            "partition dead-lettered them first)",
+            self.identifier(batch.name),
+            dropped,
+        )
+        return data.filter(pc.invert(drop))
 
 
 def _unwritten_rows(
