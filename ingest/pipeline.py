@@ -365,9 +365,11 @@ class Pipeline:
     def accept_batch(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
         """Decode and buffer one poll's records, in order (after a staged poll). Metrics are counted once per batch."""
         self.complete_staged()
+        counted = records
         try:
             if self.fast_path and len(records) >= FAST_PATH_MIN_RECORDS:
                 staged = self._stage(records, ingested_at)
+                counted = staged.records  # _stage counted the records taken again
                 self._decode_staged(staged)
                 self._book(staged)
             else:
@@ -380,7 +382,7 @@ class Pipeline:
                     read_to[tp] = record.offset + 1
                     self._accept_one(record, ingested_at)
         finally:
-            self._count_in(records)
+            self._count_in(counted)
 
     def stage_batch(self, records: list[RawRecord], ingested_at: dt.datetime) -> None:
         """:meth:`accept_batch`, overlapped with reading (``background_decode``): this poll is grouped now and

@@ -743,12 +743,17 @@ def test_a_partition_whose_bronze_offset_the_log_no_longer_holds_stops_ingest(
         assert bronze_coordinates(settings) == landed
 
 
-@pytest.mark.parametrize("poll_size", [None, 4], ids=["fast-path", "per-record"])
+@pytest.mark.parametrize(
+    ("poll_size", "background_decode"),
+    [(None, True), (None, False), (4, True)],
+    ids=["fast-path", "fast-path-in-the-read-loop", "per-record"],
+)
 def test_a_client_that_goes_back_lands_each_record_once(
     broker: TansuBroker,  # noqa: F811
     lakehouse: Path,
     caplog: pytest.LogCaptureFixture,
     poll_size: int | None,
+    background_decode: bool,
 ) -> None:
     """With auto.offset.reset: earliest, a client whose fetch position the broker lost (an unclean leader election)
     starts the partition again from its first offset and hands over records it handed over before. Those still in
@@ -763,7 +768,9 @@ def test_a_client_that_goes_back_lands_each_record_once(
     records = retopic(stream.records, prefix)
     expected = publish(broker, records, 1)
     topics = sorted({r.topic for r in records})
-    settings = kafka_settings(lakehouse, broker, topics=topics, latency_threshold_s=600)  # one commit, at the end
+    settings = kafka_settings(  # one commit, at the end
+        lakehouse, broker, topics=topics, latency_threshold_s=600, background_decode=background_decode
+    )
     pipeline = build_pipeline(settings)
     poll = pipeline.source.poll
     read: list[int] = []
@@ -784,6 +791,7 @@ def test_a_client_that_goes_back_lands_each_record_once(
         pipeline.run(once=True)
     assert sent_back
     assert pipeline.stats.records_in > len(records)  # some records came twice
+    assert pipeline.stats.records_in == sum(read)  # each record handed over counted once, taken again or not
     assert pipeline.stats.flushes == 1
     counts = bronze_coordinates(settings)
     assert set(counts) == expected

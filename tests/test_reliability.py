@@ -785,12 +785,16 @@ def test_a_record_another_writer_dead_lettered_first_is_not_landed_too(tmp_path:
     """The reverse order: the old owner of a partition commits its dead letter of a record (its copy cut short) and
     dies before its data commit; the new owner, which started before that commit and decoded the record, commits
     it to the data table. The dead-letter table decides, as on a restart: the record is left out of the data
-    table, and every record is in exactly one of the two tables."""
+    table, and every record is in exactly one of the two tables. The new owner had checked the dead-letter table
+    already (a first flush, after another table's dead letter): a dead-letter commit since then is read."""
     import datetime as dt
 
     from ingest.bronze.naming import DEAD_LETTER_TABLE
 
     settings = make_settings(tmp_path / "lake")
+    other = Topic("ifx.handover.other").records([Change("c", 1, 1, "x")])
+    other[0]["payload"] = str(other[0]["payload"])[:40]
+    file_pipeline(settings, _dump(tmp_path / "other.jsonl", other)).run(once=True)  # a dead letter of another table
     topic = Topic("ifx.handover.r")
     lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
     cut = [dict(line) for line in lines[:12]]
@@ -800,8 +804,10 @@ def test_a_record_another_writer_dead_lettered_first_is_not_landed_too(tmp_path:
 
     new_owner = file_pipeline(settings, full)
     new_owner.source.start(new_owner.resolve)
+    new_owner.accept_batch(new_owner.source.poll(3, 0.01), dt.datetime.now(dt.UTC))
+    new_owner.flush()  # offsets 0-2, checked against the dead-letter table as it is
     new_owner.accept_batch(new_owner.source.poll(100, 0.01), dt.datetime.now(dt.UTC))
-    assert new_owner.stats.dead_letters == 0  # all 20 buffered, offset 5 decoded
+    assert new_owner.stats.dead_letters == 0  # 3-19 buffered, offset 5 decoded
 
     old_owner = file_pipeline(settings, stale)
     old_owner.source.start(old_owner.resolve)
@@ -820,10 +826,41 @@ def test_a_record_another_writer_dead_lettered_first_is_not_landed_too(tmp_path:
     new_owner.flush()
 
     counts = bronze_coordinates(settings)
-    assert set(counts) == {(topic.name, 0, offset) for offset in range(20)}
+    assert set(counts) == {(topic.name, 0, offset) for offset in range(20)} | {("ifx.handover.other", 0, 0)}
     assert {c: n for c, n in counts.items() if n != 1} == {}
     dead = load_catalog(settings).load_table(f"bronze.{DEAD_LETTER_TABLE}").scan().to_arrow()
-    assert dead["_cdc_offset"].to_pylist() == [5]
+    assert sorted(zip(dead["_cdc_topic"].to_pylist(), dead["_cdc_offset"].to_pylist(), strict=True)) == [
+        ("ifx.handover.other", 0),
+        (topic.name, 5),
+    ]
+
+
+def test_a_writer_reads_the_dead_letter_table_for_another_writers_dead_letters_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check above costs a scan of the dead-letter table. A writer whose flushes each hold a dead letter of its
+    own reads it for its first data commit only: after that, each dead-letter snapshot is its own, next to one it
+    checked."""
+    import ingest.bronze.tables as bronze_tables
+    from ingest.bronze.dead_letters import dead_lettered_offsets
+
+    settings = make_settings(tmp_path / "lake")
+    lines = Topic("ifx.steady.t").records([Change("c", i, i + 1, f"v{i}") for i in range(40)])
+    for offset in (5, 15, 25, 35):
+        lines[offset]["payload"] = str(lines[offset]["payload"])[:40]
+    scans: list[tuple[str, int]] = []
+    scan = dead_lettered_offsets
+
+    def counted(table: Any, topic: str, partition: int, *rest: Any) -> set[int]:
+        scans.append((topic, partition))
+        return scan(table, topic, partition, *rest)
+
+    monkeypatch.setattr(bronze_tables, "dead_lettered_offsets", counted)
+    pipeline = ingest_file(settings, _dump(tmp_path / "steady.jsonl", lines), max_records=10)
+    assert pipeline.stats.dead_letters == 4
+    assert pipeline.stats.flushes >= 4
+    assert scans == [("ifx.steady.t", 0)]
+    assert set(bronze_coordinates(settings).values()) == {1}
 
 
 # -- 5. bad input: one corpus, through the file source and through the broker ------------------------------------------

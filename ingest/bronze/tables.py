@@ -161,6 +161,9 @@ class BronzeTables:
         self.catalog = catalog
         self.namespace = namespace
         self.commit_attempts = commit_attempts
+        # Per data table: the dead-letter table's snapshot whose dead letters this writer has checked that table's
+        # commits against (or written itself); only a newer one of another writer's is read (_without_dead_letters).
+        self._dead_letters_checked: dict[str, int] = {}
         # IntegrityError: another process created it between pyiceberg's existence check and its insert.
         with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(namespace)
@@ -285,8 +288,9 @@ class BronzeTables:
             data = drop_committed(
                 pa.concat_tables([data, *parts] if data.num_rows else parts), stored, list(batch.offsets)
             )
+        checked = None
         if batch.kind != DEAD_LETTER_KIND:
-            data = self._without_dead_letters(batch, data, stored)
+            data, checked = self._without_dead_letters(batch, data, stored)
         merged = merge_offsets(stored, batch.offsets)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
@@ -309,25 +313,38 @@ class BronzeTables:
             total = running_total(table, key)
             if total is not None:
                 summary[key] = str(total + count(data))
+        base = table.current_snapshot()
         with table.transaction() as transaction:
             append(transaction, data, summary)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
             if provisional and not batch.provisional_layout:
                 transaction.remove_properties(LAYOUT_PROVISIONAL_PROPERTY)
         log.debug("committed %s", self.identifier(batch.name))
+        if checked is not None:
+            self._dead_letters_checked[batch.name] = checked
+        elif batch.kind == DEAD_LETTER_KIND and base is not None and (new := table.current_snapshot()) is not None:
+            # Right after a snapshot already checked: this writer's own dead letters are in no data batch of its own.
+            for name, seen in list(self._dead_letters_checked.items()):
+                if seen == base.snapshot_id:
+                    self._dead_letters_checked[name] = new.snapshot_id
         return int(data.num_rows)
 
-    def _without_dead_letters(self, batch: TableBatch, data: pa.Table, stored: Offsets) -> pa.Table:
+    def _without_dead_letters(self, batch: TableBatch, data: pa.Table, stored: Offsets) -> tuple[pa.Table, int | None]:
         """``data`` without the records the dead-letter table holds for this table: another writer of the partition
         (the old owner after a rebalance, or a process that died between its two commits) dead-lettered them after
         this one had started past its offsets, and a record stays in exactly one of the two tables. The reverse of
         _unwritten_rows' rule for dead letters; like the restart's check (Pipeline._dead_lettered), the dead-letter
-        table decides, not how this writer decoded the record."""
-        if not data.num_rows:
-            return data
-        dead_table = self.load(DEAD_LETTER_TABLE)
-        if dead_table is None:
-            return data
+        table decides, not how this writer decoded the record.
+
+        Also returns the dead-letter snapshot checked. Read only when another writer committed dead letters since
+        the one this writer checked last (or wrote its own on): once per table and process, and after such commits.
+        """
+        dead_table = self.load(DEAD_LETTER_TABLE) if data.num_rows else None
+        snapshot = None if dead_table is None else dead_table.current_snapshot()
+        if dead_table is None or snapshot is None:
+            return data, None
+        if self._dead_letters_checked.get(batch.name) == snapshot.snapshot_id:
+            return data, snapshot.snapshot_id
         dead_offsets = decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
         drop = None
         for (topic, partition), high in dead_offsets.items():
@@ -356,7 +373,7 @@ class BronzeTables:
             lettered = pc.and_(in_partition, pc.is_in(data["_cdc_offset"], pa.array(sorted(held), pa.int64())))
             drop = lettered if drop is None else pc.or_(drop, lettered)
         if drop is None or not pc.any(drop).as_py():
-            return data
+            return data, snapshot.snapshot_id
         dropped = pc.sum(pc.cast(drop, pa.int64())).as_py()
         log.warning(
             "bronze table %s: %d record(s) left out, the dead-letter table holds them (another writer of the "
@@ -364,7 +381,7 @@ class BronzeTables:
             self.identifier(batch.name),
             dropped,
         )
-        return data.filter(pc.invert(drop))
+        return data.filter(pc.invert(drop)), snapshot.snapshot_id
 
 
 def _unwritten_rows(
