@@ -46,17 +46,19 @@ WORKDIR /app
 USER 10001:10001
 
 # Configuration: the file below, then CDCLAKE__SECTION__KEY variables (which win over the file), and ${VAR}
-# references inside the file for secrets. The metrics port is fixed here so that HEALTHCHECK and EXPOSE match (this
-# variable wins over ingest.metrics_port in the file: change the port here, or with -e, and publish that one).
+# references inside the file for secrets. The metrics port is set here, where HEALTHCHECK reads it (this variable
+# wins over ingest.metrics_port in the file: change it here, or with -e, and publish that port; EXPOSE only
+# documents 9108).
 ENV CDCLAKE_CONFIG=/etc/cdclake/cdclake.yml \
     CDCLAKE__INGEST__METRICS_PORT=9108
 
 # /metrics (Prometheus) and /healthz.
 EXPOSE 9108
 
-# slim has no curl: ask /healthz with the standard library (an HTTP error or refused connection exits 1).
+# slim has no curl: ask /healthz with the standard library (an HTTP error or refused connection exits 1), on the
+# port the variable above sets.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9108/healthz', timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ['CDCLAKE__INGEST__METRICS_PORT']}/healthz\", timeout=4)"]
 
 # SIGTERM commits the batch in hand, then the service exits 0; give it a stop timeout longer than one flush.
 STOPSIGNAL SIGTERM

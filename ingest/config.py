@@ -332,7 +332,9 @@ class LayerMaintenance(_Section):
     )
     min_input_files: int = Field(default=2, ge=1, description="Compact a partition once it has this many files.")
     delete_file_threshold: int | None = Field(
-        default=None, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
+        default=None,
+        ge=1,
+        description="Also rewrite a data file with at least this many delete files (none: only small files).",
     )
 
 
@@ -341,7 +343,9 @@ class SilverMaintenance(LayerMaintenance):
     rewritten by default (a field default, so that setting another key of the section keeps it)."""
 
     delete_file_threshold: int | None = Field(
-        default=1, ge=1, description="Also rewrite a data file with at least this many deletes (silver)."
+        default=1,
+        ge=1,
+        description="Also rewrite a data file with at least this many delete files (silver's DELETEs leave them).",
     )
 
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,12 +106,15 @@ def test_dockerfile_contract() -> None:
     probe = json.loads(check)
     assert probe[:2] == ["python", "-c"]
     assert "urllib.request" in probe[2]
-    assert "http://127.0.0.1:9108/healthz" in probe[2]
     compile(probe[2], "<healthcheck>", "exec")
 
     env = env_of(instructions)
     assert env[CONFIG_ENV] == "/etc/cdclake/cdclake.yml"
-    assert env[f"{ENV_PREFIX}INGEST__METRICS_PORT"] == "9108"  # what HEALTHCHECK and EXPOSE assume
+    assert env[f"{ENV_PREFIX}INGEST__METRICS_PORT"] == "9108"  # what EXPOSE documents
+    # The probe asks the port that variable names: moved with `docker run -e`, the health check follows it.
+    with port_serving_healthz() as port:
+        assert probe_exit_code(probe[2], port) == 0
+    assert probe_exit_code(probe[2], str(free_port())) != 0  # nothing listens there
 
     runs = " ".join(arguments for name, arguments in instructions if name == "RUN")
     assert "pip install -c /tmp/constraints.txt -r /tmp/requirements-ingest.txt" in runs
@@ -120,6 +124,32 @@ def test_dockerfile_contract() -> None:
         if name == "COPY":
             for source in shlex.split(arguments)[:-1]:
                 assert (ROOT / source).exists(), f"COPY source {source} is missing"
+
+
+@contextlib.contextmanager
+def port_serving_healthz() -> Iterator[str]:
+    """A port on which a thread answers GET /healthz with 200."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthz(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Healthz) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield str(server.server_address[1])
+        finally:
+            server.shutdown()
+
+
+def probe_exit_code(code: str, port: str) -> int:
+    env = {**os.environ, f"{ENV_PREFIX}INGEST__METRICS_PORT": port}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30).returncode
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
