@@ -49,7 +49,8 @@ def unique(name: str) -> str:
 def retopic(records: Iterable[OutgoingRecord], prefix: str) -> list[Record]:
     """The same records on ``prefix + topic`` (the decoder does not look at topic names, except heartbeats)."""
     return [
-        Record(prefix + r.topic, r.key, r.value, partition=r.partition, timestamp_ms=r.timestamp_ms) for r in records
+        Record(prefix + r.topic, r.key, r.value, partition=r.partition, timestamp_ms=r.timestamp_ms, headers=r.headers)
+        for r in records
     ]
 
 

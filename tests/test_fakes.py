@@ -171,7 +171,7 @@ def test_kcat_lines(stream: FakeStream, tmp_path: Path) -> None:
     assert len(lines) == len(stream.records)
     for line, record in zip(lines, stream.records, strict=True):
         item = orjson.loads(line)
-        assert list(item) == KCAT_FIELDS
+        assert list(item) == (KCAT_FIELDS if not record.headers else [*KCAT_FIELDS[:6], "headers", *KCAT_FIELDS[6:]])
         assert item == to_kcat_json(record)
         assert item["tstype"] == "create"
         assert item["broker"] == -1
@@ -343,6 +343,30 @@ def test_stream_has_every_change_shape(stream: FakeStream) -> None:
     assert multi_key, "a multi-row transaction"
     assert same_key, "several changes of one key in one transaction"
     assert any(_is_pk_change(stream.source, members) for members in by_tx.values()), "a primary-key change"
+
+
+def test_a_primary_key_change_names_the_other_key_in_its_headers(stream: FakeStream) -> None:
+    """As Debezium's relational connectors write it (RelationalChangeRecordEmitter; the recorded PostgreSQL output
+    shows it): the delete and its tombstone carry `__debezium.newkey`, the create `__debezium.oldkey`, each the
+    other half's key as the key converter writes it. MongoDB's `_id` cannot change: no such pair, no headers."""
+    records = [r for r in stream.records if r.topic == stream.data_topic]
+    headed = [r for r in records if r.headers]
+    if stream.source == "mongodb":
+        assert not headed
+        return
+    assert headed, "a primary-key change"
+    for index, record in enumerate(records):
+        if not record.headers:
+            continue
+        ((name, other),) = record.headers
+        if name == "__debezium.oldkey":
+            delete, tombstone = records[index - 2], records[index - 1]
+            assert tombstone.value is None
+            assert delete.key == other
+            assert delete.headers == tombstone.headers == [("__debezium.newkey", record.key)]
+        else:
+            assert name == "__debezium.newkey"
+            assert record.value is None or orjson.loads(record.value)["payload"]["op"] == "d"
 
 
 def _counts(keys: Iterator[str]) -> dict[str, int]:

@@ -44,6 +44,7 @@ class Emitted:
     key: bytes
     value: bytes | None
     timestamp_ms: int
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 class Connector(Protocol):

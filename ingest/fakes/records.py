@@ -32,17 +32,19 @@ def _text(data: bytes | None) -> str | None:
 
 
 def to_kcat_json(record: KafkaRecord) -> dict[str, Any]:
-    """The object ``kcat -C -J`` prints for ``record`` (key and payload as UTF-8 text, null if absent)."""
-    return {
+    """The object ``kcat -C -J`` prints for ``record`` (key and payload as UTF-8 text, null if absent; headers, when
+    the record has any, as one flat array of names and values)."""
+    line: dict[str, Any] = {
         "topic": record.topic,
         "partition": record.partition,
         "offset": record.offset,
         "tstype": "create",
         "ts": record.timestamp_ms,
         "broker": -1,
-        "key": _text(record.key),
-        "payload": _text(record.value),
     }
+    if record.headers:
+        line["headers"] = [part for name, value in record.headers for part in (name, _text(value))]
+    return {**line, "key": _text(record.key), "payload": _text(record.value)}
 
 
 def kcat_line(record: KafkaRecord) -> bytes:

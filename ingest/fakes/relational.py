@@ -18,6 +18,11 @@ from ingest.fakes.connect import Column, JsonDict, field, schema, serialize, str
 from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.fakes.values import Gen
 
+# The Kafka headers Debezium puts on the two halves of a primary-key change, the other half's key as its key
+# converter writes it (tests/fixtures/debezium/postgres: real output).
+OLDKEY = "__debezium.oldkey"
+NEWKEY = "__debezium.newkey"
+
 
 @dataclass(frozen=True, slots=True)
 class TxPositions:
@@ -252,6 +257,7 @@ class RelationalConnector(abc.ABC):
         ]
         order = 0
         for statement, change, change_ms in zip(statements, tx.changes, tx.change_ms, strict=True):
+            moved = _moved(statement)
             for row_op in statement:
                 order += 1
                 source = self.change_source(self.source_ms(tx, change_ms), tx, change)
@@ -260,9 +266,15 @@ class RelationalConnector(abc.ABC):
                     row_op.op, row_op.before, row_op.after, source, ts, block(data_id, order, order), rng
                 )
                 key = self._key_bytes(_identity(row_op))
-                out.append(Emitted(self.data_topic, key, serialize(self._value_schema, value), ts))
+                headers: tuple[tuple[str, bytes | None], ...] = ()
+                if moved is not None:  # Debezium's RelationalChangeRecordEmitter: each half names the other key
+                    old, new = moved
+                    headers = (
+                        ((NEWKEY, self._key_bytes(new)),) if row_op.op == "d" else ((OLDKEY, self._key_bytes(old)),)
+                    )
+                out.append(Emitted(self.data_topic, key, serialize(self._value_schema, value), ts, headers))
                 if row_op.op == "d":
-                    out.append(Emitted(self.data_topic, key, None, ts))
+                    out.append(Emitted(self.data_topic, key, None, ts, headers))  # the tombstone keeps them
         end = self.tx_style.end(end_id, tx.commit_ms, [(self.data_collection, order)])
         out.append(
             Emitted(self.transaction_topic, self.tx_style.key(end_id), end, self._processing_ms(rng, tx.commit_ms))
@@ -272,6 +284,16 @@ class RelationalConnector(abc.ABC):
     def source_ms(self, tx: TxPositions, change_ms: int) -> int:
         """``source.ts_ms`` of a change: the commit time by default (Db2, Informix)."""
         return tx.commit_ms
+
+
+def _moved(statement: Statement) -> tuple[Row, Row] | None:
+    """The old and new rows of a primary-key change (one statement: delete of the old key, create of the new)."""
+    if len(statement) != 2:
+        return None
+    gone, made = statement
+    if gone.op != "d" or made.op != "c" or gone.before is None or made.after is None:
+        return None
+    return gone.before, made.after
 
 
 def _rows(op: RowOp) -> tuple[Row, ...]:

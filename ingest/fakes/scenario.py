@@ -142,7 +142,8 @@ def _append(state: ScenarioState, emitted: list[Emitted], out: list[KafkaRecord]
         partition = partition_for(item.key, state.partitions)
         offset = state.offsets.get((item.topic, partition), 0)
         state.offsets[item.topic, partition] = offset + 1
-        out.append(KafkaRecord(item.topic, partition, offset, item.key, item.value, item.timestamp_ms))
+        headers = list(item.headers) or None
+        out.append(KafkaRecord(item.topic, partition, offset, item.key, item.value, item.timestamp_ms, headers))
 
 
 def _stream(state: ScenarioState, n_changes: int, out: list[KafkaRecord]) -> None:
