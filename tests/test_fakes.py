@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
 from pathlib import Path
+from random import Random
 from typing import Any, cast
 
 import orjson
@@ -367,6 +368,32 @@ def test_a_primary_key_change_names_the_other_key_in_its_headers(stream: FakeStr
         else:
             assert name == "__debezium.newkey"
             assert record.value is None or orjson.loads(record.value)["payload"]["op"] == "d"
+
+
+def test_db2_pairs_a_delete_and_the_insert_after_it_in_one_commit() -> None:
+    """Debezium's Db2 connector takes a delete directly followed by an insert in one commit for the two halves of
+    an update (reference.md 2.1): of two keys, a primary-key change (its headers, one position); of one key, an
+    update. Other connectors send the two as they came."""
+    from ingest.fakes.base import RowOp
+    from ingest.fakes.scenario import make_connector
+
+    for source, paired in (("db2", True), ("informix", False)):
+        connector = make_connector(source)
+        old, new = connector.new_row(Random(1), 1), connector.new_row(Random(2), 2)
+        events = connector.transaction(Random(0), [(RowOp("d", old, None),), (RowOp("c", None, new),)])
+        data = [e for e in events if e.topic == connector.data_topic and e.value is not None]
+        assert [orjson.loads(e.value)["payload"]["op"] for e in data] == ["d", "c"]  # type: ignore[arg-type]
+        assert bool(data[1].headers) is paired, source
+        sources = {orjson.dumps(orjson.loads(e.value)["payload"]["source"]) for e in data}  # type: ignore[arg-type]
+        assert (len(sources) == 1) is paired, source
+    connector = make_connector("db2")
+    row = connector.new_row(Random(1), 1)
+    again = {**row, "EMAIL": "again@example.com"}
+    events = connector.transaction(Random(0), [(RowOp("d", row, None),), (RowOp("c", None, again),)])
+    payloads = [orjson.loads(e.value)["payload"] for e in events if e.topic == connector.data_topic and e.value]
+    assert [(p["op"], p["before"]["EMAIL"], p["after"]["EMAIL"]) for p in payloads] == [
+        ("u", row["EMAIL"], "again@example.com")
+    ]
 
 
 def _counts(keys: Iterator[str]) -> dict[str, int]:

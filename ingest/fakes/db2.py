@@ -8,8 +8,19 @@ connector, name, ts_ms, snapshot, db, schema, table, change_lsn, commit_lsn. LSN
 
 from __future__ import annotations
 
+from random import Random
+
 from ingest.fakes import values as v
-from ingest.fakes.base import ALLOWED_V1, SnapshotStyle, common_source_fields, snapshot_field
+from ingest.fakes.base import (
+    ALLOWED_V1,
+    Emitted,
+    RowOp,
+    SnapshotStyle,
+    Statement,
+    canonical_key,
+    common_source_fields,
+    snapshot_field,
+)
 from ingest.fakes.connect import Column, JsonDict, optional_string
 from ingest.fakes.relational import RelationalConnector, TxPositions
 
@@ -70,7 +81,31 @@ class Db2Connector(RelationalConnector):
     def change_source(self, ts_ms: int, tx: TxPositions, change: int) -> JsonDict:
         return self._source(ts_ms, self.streaming_marker(), format_lsn(change), format_lsn(tx.commit))
 
+    def transaction(self, rng: Random, statements: list[Statement]) -> list[Emitted]:
+        return super().transaction(rng, self._paired(statements))
+
+    def _paired(self, statements: list[Statement]) -> list[Statement]:
+        """As Debezium's Db2 connector reads a commit's CD-table rows (reference.md 2.1, LuwPlatform's query): a
+        delete directly followed by an insert is taken for the two halves of one update (the capture stores every
+        update so). Of one key: an update. Of two keys: a primary-key change (a delete and a create at one position,
+        with their headers)."""
+        out: list[Statement] = []
+        for statement in statements:
+            if out and _lone(out[-1], "d") and _lone(statement, "c"):
+                (gone,), (made,) = out[-1], statement
+                assert gone.before is not None
+                assert made.after is not None
+                same = canonical_key(self.key_payload(gone.before)) == canonical_key(self.key_payload(made.after))
+                out[-1] = (RowOp("u", gone.before, made.after),) if same else (gone, made)
+            else:
+                out.append(statement)
+        return out
+
     def tx_ids(self, tx: TxPositions) -> tuple[str, str, str]:
         """Db2 transaction ids are LSN-shaped (seed: ``00000025:00000d08:0025``): the commit LSN."""
         tx_id = format_lsn(tx.commit)
         return tx_id, tx_id, tx_id
+
+
+def _lone(statement: Statement, op: str) -> bool:
+    return len(statement) == 1 and statement[0].op == op
