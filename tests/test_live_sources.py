@@ -324,6 +324,14 @@ def key_id(row: dict[str, Any]) -> int | None:
 COMMIT_PARTS = {"db2": 3, "informix": 1, "oracle": 1, "mongodb": 2, "postgres": 1}
 
 
+def source_field(row: dict[str, Any], name: str) -> Any:
+    """A field of a bronze row's source block (a struct, or JSON text on a schemaless topic)."""
+    block = row.get("source")
+    if isinstance(block, str | bytes):
+        block = orjson.loads(block)
+    return None if block is None else block.get(name)
+
+
 def silver_state(rows: list[dict[str, Any]], low: int, high: int) -> Rows:
     """Silver's rows in the id range, read alike for every source (column names in any case; MongoDB documents)."""
 
@@ -410,6 +418,8 @@ def test_silver_equals_the_live_source(source: str, tmp_path: Path) -> None:
                 [row for row in events if key_id(row) == base + 5 and (row["op"] == "d" or is_last_change(row))],
             ),
         ):
+            if source == "oracle" and any(source_field(row, "commit_scn") is None for row in group):
+                continue  # Oracle through XStream gives no commit position
             commits = {tuple(row["_cdc_order"][: COMMIT_PARTS[source]]) for row in group}
             assert len(commits) == 1, f"{about}: events at commit positions {commits}, not one transaction's"
         run_cdclake(config, "scaffold", root=root)
