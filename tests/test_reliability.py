@@ -746,6 +746,21 @@ def test_a_stale_writer_never_rewinds_offsets_or_writes_twice(tmp_path: Path) ->
     assert decode_offsets(bronze().properties[OFFSETS_PROPERTY]) == {(topic.name, 0): 30, (topic.name, 1): 5}
 
 
+def _cut_short(line: dict[str, Any]) -> None:
+    """A record's value cut short (not JSON): a dead letter."""
+    line["payload"] = str(line["payload"])[:40]
+
+
+def _handover_dumps(tmp_path: Path, name: str) -> tuple[Topic, Path, Path]:
+    """A partition's 20 records as its new owner reads them, and the old owner's copy of the first 12, in which
+    offset 5 is cut short (in life, a record without its schema read by a process that no longer knows it)."""
+    topic = Topic(name)
+    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
+    cut = [dict(line) for line in lines[:12]]
+    _cut_short(cut[5])
+    return topic, _dump(tmp_path / "stale.jsonl", cut), _dump(tmp_path / "full.jsonl", lines)
+
+
 def test_a_stale_writer_does_not_dead_letter_a_record_its_successor_landed(tmp_path: Path) -> None:
     """The old owner of a partition still flushing after a rebalance decodes one record differently from the new
     owner (here: its copy of the record is cut short; in life, a record without its schema read by a process that
@@ -755,12 +770,7 @@ def test_a_stale_writer_does_not_dead_letter_a_record_its_successor_landed(tmp_p
     import datetime as dt
 
     settings = make_settings(tmp_path / "lake")
-    topic = Topic("ifx.handover.t")
-    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
-    cut = [dict(line) for line in lines[:12]]
-    cut[5]["payload"] = str(cut[5]["payload"])[:40]  # the old owner's copy of offset 5: not JSON
-    stale = _dump(tmp_path / "stale.jsonl", cut)
-    full = _dump(tmp_path / "full.jsonl", lines)
+    topic, stale, full = _handover_dumps(tmp_path, "ifx.handover.t")
 
     old_owner = file_pipeline(settings, stale)
     old_owner.source.start(old_owner.resolve)
@@ -793,14 +803,9 @@ def test_a_record_another_writer_dead_lettered_first_is_not_landed_too(tmp_path:
 
     settings = make_settings(tmp_path / "lake")
     other = Topic("ifx.handover.other").records([Change("c", 1, 1, "x")])
-    other[0]["payload"] = str(other[0]["payload"])[:40]
+    _cut_short(other[0])
     file_pipeline(settings, _dump(tmp_path / "other.jsonl", other)).run(once=True)  # a dead letter of another table
-    topic = Topic("ifx.handover.r")
-    lines = topic.records([Change("c", i, i + 1, f"v{i}") for i in range(20)])
-    cut = [dict(line) for line in lines[:12]]
-    cut[5]["payload"] = str(cut[5]["payload"])[:40]  # the old owner's copy of offset 5: not JSON
-    stale = _dump(tmp_path / "stale.jsonl", cut)
-    full = _dump(tmp_path / "full.jsonl", lines)
+    topic, stale, full = _handover_dumps(tmp_path, "ifx.handover.r")
 
     new_owner = file_pipeline(settings, full)
     new_owner.source.start(new_owner.resolve)
@@ -847,7 +852,7 @@ def test_a_writer_reads_the_dead_letter_table_for_another_writers_dead_letters_o
     settings = make_settings(tmp_path / "lake")
     lines = Topic("ifx.steady.t").records([Change("c", i, i + 1, f"v{i}") for i in range(40)])
     for offset in (5, 15, 25, 35):
-        lines[offset]["payload"] = str(lines[offset]["payload"])[:40]
+        _cut_short(lines[offset])
     scans: list[tuple[str, int]] = []
     scan = dead_lettered_offsets
 

@@ -313,7 +313,7 @@ class BronzeTables:
             total = running_total(table, key)
             if total is not None:
                 summary[key] = str(total + count(data))
-        base = table.current_snapshot()
+        base = table.current_snapshot() if batch.kind == DEAD_LETTER_KIND else None
         with table.transaction() as transaction:
             append(transaction, data, summary)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
@@ -322,7 +322,7 @@ class BronzeTables:
         log.debug("committed %s", self.identifier(batch.name))
         if checked is not None:
             self._dead_letters_checked[batch.name] = checked
-        elif batch.kind == DEAD_LETTER_KIND and base is not None and (new := table.current_snapshot()) is not None:
+        elif base is not None and (new := table.current_snapshot()) is not None:  # a dead-letter commit
             # Right after a snapshot already checked: this writer's own dead letters are in no data batch of its own.
             for name, seen in list(self._dead_letters_checked.items()):
                 if seen == base.snapshot_id:
@@ -348,26 +348,14 @@ class BronzeTables:
         dead_offsets = decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
         drop = None
         for (topic, partition), high in dead_offsets.items():
+            # ``data`` holds no row below the stored offset (dropped above): only [stored, high) can be held.
             low = stored.get((topic, partition), 0)
             if (topic, partition) not in batch.offsets or high <= low:
                 continue
             in_partition = pc.and_(pc.equal(data["_cdc_topic"], topic), pc.equal(data["_cdc_partition"], partition))
-            window = pc.and_(
-                in_partition,
-                pc.and_(pc.greater_equal(data["_cdc_offset"], low), pc.less(data["_cdc_offset"], high)),
-            )
-            candidates = pc.filter(data["_cdc_offset"], window)
-            if not len(candidates):
+            if not pc.any(pc.and_(in_partition, pc.less(data["_cdc_offset"], high))).as_py():
                 continue
-            bounds = pc.min_max(candidates)
-            held = dead_lettered_offsets(
-                dead_table,
-                topic,
-                partition,
-                bounds["min"].as_py(),
-                bounds["max"].as_py() + 1,
-                self.identifier(batch.name),
-            )
+            held = dead_lettered_offsets(dead_table, topic, partition, low, high, self.identifier(batch.name))
             if not held:
                 continue
             lettered = pc.and_(in_partition, pc.is_in(data["_cdc_offset"], pa.array(sorted(held), pa.int64())))
