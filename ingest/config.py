@@ -298,6 +298,13 @@ class IngestSettings(_Section):
     variable_scale_decimal_scale: int = Field(
         default=10, ge=0, le=38, description="Scale of the decimal(38, s) column for VariableScaleDecimal values."
     )
+    infinite_timestamps: Literal["dead_letter", "clamp"] = Field(
+        default="dead_letter",
+        description="PostgreSQL's 'infinity' and '-infinity' in date and timestamp columns (Debezium's sentinel "
+        "values): dead-letter the record, as any value outside years 1-9999, or land them as the last and first "
+        "instants Spark reads (9999-12-31T23:59:59.999999 and 0001-01-01T00:00:00; dates 9999-12-31 and "
+        "0001-01-01), which then stand for both the sentinel and that very value.",
+    )
     metrics_port: int | None = Field(default=None, ge=0, le=65535, description="Serve /metrics and /healthz here.")
     unhealthy_after_s: float = Field(
         default=60.0,

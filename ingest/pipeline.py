@@ -143,7 +143,7 @@ class Pipeline:
         self.stats = IngestStats()
         self._dead_letters_logged: dict[str, int] = {}  # per topic, in the buffer
         self.stop_requested = threading.Event()
-        self._builder = RowBuilder(settings.variable_scale_decimal_scale)
+        self._builder = RowBuilder(settings.variable_scale_decimal_scale, settings.infinite_timestamps)
         self._committed: dict[str, Offsets] = {}
         self._schemas: dict[str, pa.Schema | None] = {}
         self._seen_schemas: dict[str, set[int]] = {}

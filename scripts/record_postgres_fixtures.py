@@ -410,7 +410,72 @@ MESSAGES = Recording(
     final_state={"orders": "SELECT id, item FROM inventory.orders ORDER BY id"},
 )
 
-RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES)}
+# PostgreSQL's 'infinity' and '-infinity' dates and timestamps (an open-ended validity, `valid_to = 'infinity'`):
+# Debezium sends the JDBC driver's sentinels, in the unit of each column's type (`timestamp(3)` in ms, others in
+# µs), the text for `timestamptz`, and for `date` the sentinel's day count wrapped to 32 bits.
+VALIDITY_TOPIC = f"{TOPIC_PREFIX}.inventory.validity"
+VALIDITY_COLUMNS = "id, valid_from, valid_to, starts, ends, ends_ms, ends_tz"
+INFINITY = Recording(
+    stem="infinity",
+    ddl="""
+CREATE SCHEMA inventory;
+CREATE TABLE inventory.validity (
+    id integer PRIMARY KEY,
+    valid_from date,
+    valid_to date,
+    starts timestamp(6),
+    ends timestamp(6),
+    ends_ms timestamp(3),
+    ends_tz timestamptz
+);
+""",
+    # The snapshot and the stream write a date's sentinels differently: both are recorded, for each sign.
+    snapshot=(
+        f"INSERT INTO inventory.validity ({VALIDITY_COLUMNS}) VALUES "
+        "(1, '2024-01-01', 'infinity', '2024-01-01 08:00:00', 'infinity', 'infinity', 'infinity'), "
+        "(4, '-infinity', '2024-06-30', '-infinity', '2024-06-30 17:00:00', '-infinity', '-infinity')",
+    ),
+    snapshot_expected={VALIDITY_TOPIC: 2},
+    steps=(
+        Step(
+            "insert_infinity",
+            (
+                f"INSERT INTO inventory.validity ({VALIDITY_COLUMNS}) VALUES "
+                "(2, '-infinity', '2024-06-30', '-infinity', '2024-06-30 17:00:00', '-infinity', '-infinity'), "
+                "(5, '2024-01-01', 'infinity', '2024-01-01 08:00:00', 'infinity', 'infinity', 'infinity')",
+            ),
+            _tx({VALIDITY_TOPIC: 2}),
+            "INSERT validity id=2 with -infinity, id=5 with infinity -> c, c",
+        ),
+        Step(
+            "close_the_open_validity",
+            (
+                "UPDATE inventory.validity SET valid_to = '2024-12-31', ends = '2024-12-31 23:59:59.999999', "
+                "ends_ms = '2024-12-31 23:59:59.999', ends_tz = '2024-12-31 23:59:59+01' WHERE id = 1",
+            ),
+            _tx({VALIDITY_TOPIC: 1}),
+            "UPDATE validity id=1: infinity to finite values -> u",
+        ),
+        Step(
+            "insert_finite_values",
+            (
+                f"INSERT INTO inventory.validity ({VALIDITY_COLUMNS}) VALUES "
+                "(3, '0001-01-01', '9999-12-31', '0001-01-01 00:00:00', '9999-12-31 23:59:59.999999', "
+                "'9999-12-31 23:59:59.999', '9999-12-31 23:59:59.999999+00')",
+            ),
+            _tx({VALIDITY_TOPIC: 1}),
+            "INSERT validity id=3 with the first and last instants years 1-9999 hold -> c",
+        ),
+    ),
+    # As text: psycopg2 has no Python value for infinity.
+    final_state={
+        "validity": "SELECT id, "
+        + ", ".join(f"{column}::text AS {column}" for column in VALIDITY_COLUMNS.split(", ")[1:])
+        + " FROM inventory.validity ORDER BY id"
+    },
+)
+
+RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES, INFINITY)}
 
 # --------------------------------------------------------------------------- PostgreSQL
 

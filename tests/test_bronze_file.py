@@ -40,6 +40,7 @@ from tests.kafka_fixtures import bronze_coordinates
 
 PG_DUMP = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
 PG_MESSAGES_DUMP = FIXTURES / "debezium" / "postgres" / "messages.jsonl"
+PG_INFINITY_DUMP = FIXTURES / "debezium" / "postgres" / "infinity.jsonl"
 
 
 def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
@@ -95,6 +96,69 @@ def test_logical_decoding_messages_land_in_a_table_of_their_own(lakehouse: Path)
     orders = rows(settings, "dbserver1_inventory_orders")
     assert sorted((r["op"], r["after"]["id"]) for r in orders) == [("c", 2), ("r", 1)]
     assert ingest_file(settings, PG_MESSAGES_DUMP).stats.written == 0  # a restart lands nothing twice
+
+
+def _postgres_text(value: str, date: bool) -> Any:
+    """A date or timestamp as PostgreSQL prints it, as bronze lands it with ``infinite_timestamps: clamp``."""
+    if value in ("infinity", "-infinity"):
+        last = value == "infinity"
+        if date:
+            return dt.date(9999, 12, 31) if last else dt.date(1, 1, 1)
+        return dt.datetime(9999, 12, 31, 23, 59, 59, 999999) if last else dt.datetime(1, 1, 1)
+    return dt.date.fromisoformat(value) if date else dt.datetime.fromisoformat(value)
+
+
+@pytest.mark.parametrize("copies", [1, 3], ids=["per-record", "fast-path"])
+def test_postgres_infinity_is_dead_lettered_or_clamped_as_configured(
+    lakehouse: Path, tmp_path: Path, copies: int
+) -> None:
+    """PostgreSQL's 'infinity' and '-infinity' (an open-ended `valid_to`), as Debezium 3.6 sends them from a
+    snapshot and from the stream: by default the record is a dead letter whose error names the setting; with
+    ``infinite_timestamps: clamp`` every record lands, infinity as the last instant years 1-9999 hold and
+    '-infinity' as the first. ``copies`` repeats the table's records so a poll takes the fast path."""
+    records = [orjson.loads(line) for line in PG_INFINITY_DUMP.read_bytes().splitlines()]
+    changes = [r for r in records if r["topic"].endswith(".validity")]
+    dump = write_dump(
+        tmp_path / "infinity.jsonl",
+        [(r["topic"], offset, r["key"], r["payload"]) for offset, r in enumerate(changes * copies)],
+    )
+    infinite = {0, 1, 2, 3}  # the snapshot's rows 1 and 4, the stream's 2 and 5; then finite values only
+    assert all(("infinity" in r["payload"]) == (i in infinite) for i, r in enumerate(changes))
+
+    settings = make_settings(lakehouse)
+    ingest_file(settings, dump)
+    dead = rows(settings, DEAD_LETTER_TABLE)
+    assert sorted(r["_cdc_offset"] for r in dead) == sorted(
+        offset for offset in range(len(changes) * copies) if offset % len(changes) in infinite
+    )
+    assert all("infinite_timestamps: clamp" in r["_cdc_error"] for r in dead), [r["_cdc_error"] for r in dead]
+
+    clamped = make_settings(tmp_path / "clamped", ingest={"infinite_timestamps": "clamp"})
+    ingest_file(clamped, dump)
+    assert not load_catalog(clamped).table_exists(f"bronze.{DEAD_LETTER_TABLE}")
+    landed = sorted(rows(clamped, "dbserver1_inventory_validity"), key=lambda r: r["_cdc_offset"])
+    assert len(landed) == len(changes) * copies
+    latest = {r["after"]["id"]: r["after"] for r in landed}
+    source = orjson.loads(PG_INFINITY_DUMP.with_name("infinity_expected_final_state.json").read_bytes())["validity"]
+    for key, row in source.items():
+        expected = {
+            "id": row["id"],
+            "valid_from": _postgres_text(row["valid_from"], date=True),
+            "valid_to": _postgres_text(row["valid_to"], date=True),
+            "starts": _postgres_text(row["starts"], date=False),
+            "ends": _postgres_text(row["ends"], date=False),
+            "ends_ms": _postgres_text(row["ends_ms"], date=False),
+            "ends_tz": _postgres_text(row["ends_tz"], date=False),
+        }
+        if expected["ends_tz"].tzinfo is None:  # an infinity: clamped in UTC
+            expected["ends_tz"] = expected["ends_tz"].replace(tzinfo=dt.UTC)
+        assert latest[int(key)] == expected, key
+    first = landed[0]["after"]  # the snapshot's infinity, which the stream's update replaced
+    assert (first["valid_to"], first["ends"], first["ends_tz"]) == (
+        dt.date(9999, 12, 31),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
+    )
 
 
 def test_a_warehouse_on_s3_lands_with_the_storage_settings(tmp_path: Path) -> None:

@@ -709,6 +709,23 @@ def test_sql_errors_are_one_line_and_exit_1(sql_lake: tuple[Path, Settings]) -> 
 
 
 @pytest.mark.spark
+def test_sql_names_a_timestamp_python_cannot_hold_and_the_way_round_it(sql_lake: tuple[Path, Settings]) -> None:
+    """0001-01-01T00:00:00Z (PostgreSQL's -infinity as `infinite_timestamps: clamp` lands it in a timestamptz):
+    pyspark cannot make it a Python datetime. The error says so, and the text of it prints."""
+    config, _settings = sql_lake
+    first = "timestamp'0001-01-01 00:00:00'"
+    failed = invoke(["--config", str(config), "sql", "--format", "csv", f"SELECT {first} AS t"])
+    assert failed.exit_code == 1
+    assert failed.stderr == (
+        "error: year 0 is out of range: a timestamp of the result is too close to year 1 or 9999 for Python; "
+        "select it as text (cast(... as string))\n"
+    )
+    as_text = invoke(["--config", str(config), "sql", "--format", "csv", f"SELECT cast({first} AS string) AS t"])
+    assert as_text.exit_code == 0, as_text.output
+    assert as_text.stdout == "t\n0001-01-01 00:00:00\n"
+
+
+@pytest.mark.spark
 def test_sql_reads_a_script_from_stdin(sql_lake: tuple[Path, Settings]) -> None:
     config, _settings = sql_lake
     script = "CREATE OR REPLACE TEMPORARY VIEW v AS SELECT 41 AS a; -- a view\nSELECT a + 1 AS b FROM v"

@@ -203,6 +203,59 @@ def test_values_that_used_to_stop_the_ingester_or_round_are_dead_letters(
         converter(schema)(raw, "after.col")
 
 
+DATE = {"type": "int32", "name": "io.debezium.time.Date"}
+CONNECT_DATE = {"type": "int32", "name": "org.apache.kafka.connect.data.Date"}
+MILLIS = {"type": "int64", "name": "io.debezium.time.Timestamp"}
+CONNECT_MILLIS = {"type": "int64", "name": "org.apache.kafka.connect.data.Timestamp"}
+MICROS = {"type": "int64", "name": "io.debezium.time.MicroTimestamp"}
+ZONED = {"type": "string", "name": "io.debezium.time.ZonedTimestamp"}
+LAST, FIRST = dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.datetime(1, 1, 1)
+
+# PostgreSQL's 'infinity' (+1) and '-infinity' (-1) as Debezium 3.6.3 sends them (tests/fixtures/debezium/postgres/
+# infinity.jsonl: dates from a snapshot and from the stream differ), and what `clamp` lands them as.
+INFINITIES = [
+    (DATE, -622191234, dt.date(9999, 12, 31)),
+    (DATE, -2147472692, dt.date(9999, 12, 31)),
+    (CONNECT_DATE, -625821272, dt.date(1, 1, 1)),
+    (DATE, -2147472691, dt.date(1, 1, 1)),
+    (MILLIS, 9223372036825200, LAST),
+    (CONNECT_MILLIS, -9223372036832400, FIRST),
+    (MICROS, 9223372036825200000, LAST),
+    (MICROS, -9223372036832400000, FIRST),
+    (ZONED, "infinity", LAST.replace(tzinfo=dt.UTC)),
+    (ZONED, "-infinity", FIRST.replace(tzinfo=dt.UTC)),
+]
+
+
+@pytest.mark.parametrize(("schema", "raw", "clamped"), INFINITIES)
+def test_postgres_infinity_is_a_dead_letter_naming_the_setting_or_clamped(
+    schema: dict[str, Any], raw: Any, clamped: Any
+) -> None:
+    with pytest.raises(DecodeError, match=r"after\.col: .*PostgreSQL's '-?infinity'.*infinite_timestamps: clamp"):
+        converter(schema)(raw, "after.col")
+    assert converter(schema, infinite="clamp")(raw, "after.col") == clamped
+    inside = {"type": "struct", "fields": [{**schema, "field": "col", "optional": True}]}
+    assert converter({"type": "array", "items": inside}, infinite="clamp")([{"col": raw}], "a") == [{"col": clamped}]
+
+
+@pytest.mark.parametrize(
+    ("schema", "raw"),
+    [
+        (DATE, -622191233),  # next to a sentinel
+        (DATE, 2932897),  # 10000-01-01
+        (MICROS, 9223372036825199999),
+        (MICROS, 9223372036825200001),
+        (MILLIS, 9223372036825200000 // 1000 + 1),
+        (ZONED, "+infinity"),
+        (ZONED, "10000-01-01T00:00:00Z"),
+    ],
+)
+def test_other_values_outside_years_1_to_9999_stay_dead_letters_when_clamping(schema: dict[str, Any], raw: Any) -> None:
+    with pytest.raises(DecodeError, match=r"after\.col: expected") as raised:
+        converter(schema, infinite="clamp")(raw, "after.col")
+    assert "infinity" not in str(raised.value).replace("'+infinity'", "")
+
+
 def test_float32_extremes_as_java_prints_them_land() -> None:
     """Java prints Float.MAX_VALUE as 3.4028235E38, a little above the exact maximum: it rounds to it, finite."""
     for printed in (3.4028235e38, -3.4028235e38, 1.4e-45):

@@ -371,8 +371,12 @@ class _VariableScaleDecimal(_PerValue):
         )
 
 
+# (PostgreSQL's infinity fails here whatever ingest.infinite_timestamps says: the per-record path applies it.)
+_zoned_reference = connect._zoned_timestamp("dead_letter")
+
+
 def _zoned(value: Any) -> Any:
-    return connect._zoned_timestamp(value, "")
+    return _zoned_reference(value, "")
 
 
 # ISO-8601 with a zone in the strict form Debezium writes, fields in range (day-of-month aside, which Arrow checks):

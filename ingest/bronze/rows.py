@@ -23,6 +23,7 @@ from ingest.debezium.envelope import Envelope, RawRecord, RecordKind
 from ingest.debezium.types import (
     Converter,
     InexactNumberError,
+    InfiniteTimestamps,
     arrow_type,
     canonical_json,
     converter,
@@ -87,8 +88,9 @@ def _fingerprint(schema: dict[str, Any] | None) -> bytes:
 class RowBuilder:
     """Builds bronze rows; converters and Arrow schemas are compiled once per distinct Connect schema."""
 
-    def __init__(self, variable_scale: int = 10) -> None:
+    def __init__(self, variable_scale: int = 10, infinite_timestamps: InfiniteTimestamps = "dead_letter") -> None:
         self._variable_scale = variable_scale
+        self._infinite = infinite_timestamps
         self._compiled: dict[tuple[RecordKind, bytes, bytes], tuple[pa.Schema, Converter | None, Converter | None]] = {}
         # The same schema dicts (shared by every record whose schema bytes are equal, see SchemaSplitter) skip the
         # fingerprint. Entries hold the dicts, so their ids cannot be reused while cached.
@@ -135,7 +137,7 @@ class RowBuilder:
         key_conv: Converter | None = None
         if key_schema is not None:
             fields.append(pa.field("key", arrow_type(key_schema, variable_scale=scale)))
-            key_conv = converter(key_schema, variable_scale=scale)
+            key_conv = converter(key_schema, variable_scale=scale, infinite=self._infinite)
         value_conv: Converter | None = None
         if value_schema is not None:
             if value_schema.get("type") != "struct":
@@ -144,7 +146,7 @@ class RowBuilder:
             value_fields = struct_fields(value_schema, variable_scale=scale)
             _refuse_reserved(field.name for field in value_fields)
             fields += value_fields
-            value_conv = struct_converter(value_schema, variable_scale=scale)
+            value_conv = struct_converter(value_schema, variable_scale=scale, infinite=self._infinite)
         compiled = (pa.schema(fields), key_conv, value_conv)
         self._compiled[cache_key] = compiled
         return compiled

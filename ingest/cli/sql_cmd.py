@@ -13,6 +13,7 @@ import contextlib
 import csv
 import datetime as dt
 import decimal
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -292,6 +293,15 @@ class SqlRunner:
             else:
                 write_table(result, out, started)
             out.flush()
+        except ValueError as exc:
+            if not _YEAR_OUT_OF_RANGE.fullmatch(str(exc)):
+                raise
+            # pyspark makes a timestamp a Python datetime through the local time of its instant, which CPython
+            # cannot do within a day of years 1 and 9999 (0001-01-01T00:00:00Z: PostgreSQL's -infinity clamped).
+            raise ValueError(
+                f"{exc}: a timestamp of the result is too close to year 1 or 9999 for Python; "
+                "select it as text (cast(... as string))"
+            ) from None
         except KeyboardInterrupt:
             with contextlib.suppress(Exception):
                 self.spark.sparkContext.cancelAllJobs()
@@ -299,6 +309,9 @@ class SqlRunner:
 
     def error_line(self, error: BaseException) -> str:
         return redact(spark_error_line(error), self.settings)
+
+
+_YEAR_OUT_OF_RANGE = re.compile(r"year -?[0-9]+ is out of range")
 
 
 def repl(

@@ -13,7 +13,7 @@ import decimal
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -53,6 +53,21 @@ TIME_TYPE = pa.int64()
 MAX_DECIMAL_PRECISION = 38
 # Enough digits for any decimal(38, s) and its range check: the default context (28 digits) would round.
 _EXACT = decimal.Context(prec=80)
+
+
+# PostgreSQL's 'infinity' and '-infinity' as Debezium's PostgreSQL connector sends them (recorded from 3.6.3:
+# tests/fixtures/debezium/postgres/infinity.jsonl): the JDBC driver's sentinels in the unit of the column's type,
+# the text for a timestamp with zone, and for a date whatever its conversion made of the sentinel (one value from a
+# snapshot, another from the stream). Each lies outside years 1-9999, so no real date or instant is taken for one.
+# +1: infinity, -1: -infinity.
+_INFINITE_MILLIS = {9223372036825200: 1, -9223372036832400: -1}
+_INFINITE_MICROS = {millis * 1000: sign for millis, sign in _INFINITE_MILLIS.items()}
+_INFINITE_DAYS = {-622191234: 1, -2147472692: 1, -625821272: -1, -2147472691: -1}
+_INFINITE_TEXT = {"infinity": 1, "-infinity": -1}
+InfiniteTimestamps = Literal["dead_letter", "clamp"]
+# What `clamp` lands them as: the last and first of what Iceberg's Spark runtime reads (years 1-9999).
+_LAST_DATE, _FIRST_DATE = dt.date(9999, 12, 31), dt.date(1, 1, 1)
+_LAST_INSTANT, _FIRST_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.datetime(1, 1, 1)
 
 
 def _fail(path: str, expected: str, value: Any) -> DecodeError:
@@ -333,44 +348,82 @@ def _scaled_int(kind: str, factor: int, divisor: int = 1) -> Converter:
 _check_int32 = _int("int32")
 
 
-def _date(value: Any, path: str) -> Any:
-    days = _check_int32(value, path)
-    try:
-        return _EPOCH_DATE + dt.timedelta(days=days)
-    except OverflowError:  # beyond year 9999 (e.g. a source's "infinity" sentinel): a dead letter, not a crash
-        raise _fail(path, "a date within years 1-9999", value) from None
+def _infinite(path: str, expected: str, value: Any, sign: int, clamped: object) -> DecodeError:
+    """The dead letter of PostgreSQL's infinity when ``ingest.infinite_timestamps`` is ``dead_letter``."""
+    name = "infinity" if sign > 0 else "-infinity"
+    return DecodeError(
+        f"{_fail(path, expected, value)} (PostgreSQL's '{name}' as Debezium sends it; "
+        f"ingest.infinite_timestamps: clamp lands it as {clamped})"
+    )
 
 
-def _zoned_timestamp(value: Any, path: str) -> Any:
-    if type(value) is not str:
-        raise _fail(path, "ISO-8601 timestamp with zone", value)
-    try:
-        parsed = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise _fail(path, "ISO-8601 timestamp with zone", value) from None
-    if parsed.tzinfo is None:
-        raise _fail(path, "ISO-8601 timestamp with zone", value)
-    try:
-        return parsed.astimezone(dt.UTC)
-    except OverflowError:  # 9999-12-31T23:00-05:00 is in year 10000 in UTC: a dead letter, not a crash
-        raise _fail(path, "a timestamp within years 1-9999 in UTC", value) from None
+def _date(infinite: InfiniteTimestamps) -> Converter:
+    def convert(value: Any, path: str) -> Any:
+        days = _check_int32(value, path)
+        try:
+            return _EPOCH_DATE + dt.timedelta(days=days)
+        except OverflowError:  # outside years 1-9999: a dead letter, not a crash
+            sign = _INFINITE_DAYS.get(days)
+            if sign is None:
+                raise _fail(path, "a date within years 1-9999", value) from None
+            clamped = _LAST_DATE if sign > 0 else _FIRST_DATE
+            if infinite == "clamp":
+                return clamped
+            raise _infinite(path, "a date within years 1-9999", value, sign, clamped) from None
+
+    return convert
 
 
-def _micros_timestamp(factor: int, divisor: int) -> Converter:
+def _zoned_timestamp(infinite: InfiniteTimestamps) -> Converter:
+    def convert(value: Any, path: str) -> Any:
+        if type(value) is not str:
+            raise _fail(path, "ISO-8601 timestamp with zone", value)
+        try:
+            parsed = dt.datetime.fromisoformat(value)
+        except ValueError:
+            sign = _INFINITE_TEXT.get(value)
+            if sign is None:
+                raise _fail(path, "ISO-8601 timestamp with zone", value) from None
+            clamped = (_LAST_INSTANT if sign > 0 else _FIRST_INSTANT).replace(tzinfo=dt.UTC)
+            if infinite == "clamp":
+                return clamped
+            raise _infinite(path, "ISO-8601 timestamp with zone", value, sign, clamped.isoformat()) from None
+        if parsed.tzinfo is None:
+            raise _fail(path, "ISO-8601 timestamp with zone", value)
+        try:
+            return parsed.astimezone(dt.UTC)
+        except OverflowError:  # 9999-12-31T23:00-05:00 is in year 10000 in UTC: a dead letter, not a crash
+            raise _fail(path, "a timestamp within years 1-9999 in UTC", value) from None
+
+    return convert
+
+
+def _micros_timestamp(factor: int, divisor: int, infinite: InfiniteTimestamps) -> Converter:
     check = _int("int64")
+    # (Nanoseconds: PostgreSQL sends none, and its sentinels would not fit an int64 in them.)
+    sentinels = _INFINITE_MILLIS if factor == 1000 else _INFINITE_MICROS if (factor, divisor) == (1, 1) else {}
 
     def convert(value: Any, path: str) -> Any:
         micros = check(value, path) * factor // divisor
         try:
             return _NAIVE_EPOCH + dt.timedelta(microseconds=micros)
-        except OverflowError:  # e.g. PostgreSQL's +-infinity sentinels: a dead letter, not a crash
-            raise _fail(path, "a timestamp within years 1-9999", value) from None
+        except OverflowError:  # outside years 1-9999: a dead letter, not a crash
+            sign = sentinels.get(value)
+            if sign is None:
+                raise _fail(path, "a timestamp within years 1-9999", value) from None
+            clamped = _LAST_INSTANT if sign > 0 else _FIRST_INSTANT
+            if infinite == "clamp":
+                return clamped
+            raise _infinite(path, "a timestamp within years 1-9999", value, sign, clamped.isoformat()) from None
 
     return convert
 
 
-def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
-    """A function turning one JSON-level value of this schema into the Python value of its Arrow type."""
+def converter(
+    schema: dict[str, Any], *, variable_scale: int = 10, infinite: InfiniteTimestamps = "dead_letter"
+) -> Converter:
+    """A function turning one JSON-level value of this schema into the Python value of its Arrow type
+    (``infinite``: what becomes of PostgreSQL's infinite dates and timestamps, ``ingest.infinite_timestamps``)."""
     name = schema.get("name")
     kind = schema.get("type")
     inner: Converter
@@ -380,7 +433,7 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     elif name == VARIABLE_SCALE_DECIMAL:
         inner = _variable_scale_decimal(variable_scale)
     elif name in _DATE:
-        inner = _date
+        inner = _date(infinite)
     elif name in _TIME_MS:
         inner = _scaled_int("int32", 1000)
     elif name in _TIME_US:
@@ -388,13 +441,13 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     elif name in _TIME_NS:
         inner = _scaled_int("int64", 1, 1000)
     elif name in _TS_MS:
-        inner = _micros_timestamp(1000, 1)
+        inner = _micros_timestamp(1000, 1, infinite)
     elif name in _TS_US:
-        inner = _micros_timestamp(1, 1)
+        inner = _micros_timestamp(1, 1, infinite)
     elif name in _TS_NS:
-        inner = _micros_timestamp(1, 1000)
+        inner = _micros_timestamp(1, 1000, infinite)
     elif name in _TS_ZONED:
-        inner = _zoned_timestamp
+        inner = _zoned_timestamp(infinite)
     elif name == SNAPSHOT_FLAG:
         inner = _snapshot_flag
     elif kind in _INT_RANGES:
@@ -410,7 +463,7 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
     elif kind == "bytes":
         inner = _b64
     elif kind == "array":
-        item = converter(_part(schema, "items"), variable_scale=variable_scale)
+        item = converter(_part(schema, "items"), variable_scale=variable_scale, infinite=infinite)
 
         def inner(value: Any, path: str) -> Any:
             if not isinstance(value, list):
@@ -418,8 +471,8 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
             return [None if v is None else item(v, f"{path}[{i}]") for i, v in enumerate(value)]
 
     elif kind == "map":
-        key_conv = converter(_part(schema, "keys"), variable_scale=variable_scale)
-        value_conv = converter(_part(schema, "values"), variable_scale=variable_scale)
+        key_conv = converter(_part(schema, "keys"), variable_scale=variable_scale, infinite=infinite)
+        value_conv = converter(_part(schema, "values"), variable_scale=variable_scale, infinite=infinite)
 
         def inner(value: Any, path: str) -> Any:
             # The JSON converter writes string-keyed maps as objects, others as [[k, v], ...].
@@ -436,7 +489,7 @@ def converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
             return entries
 
     elif kind == "struct":
-        inner = struct_converter(schema, variable_scale=variable_scale)
+        inner = struct_converter(schema, variable_scale=variable_scale, infinite=infinite)
     else:
         raise DecodeError(f"unsupported Connect schema type {kind!r} (name {name!r})")
     return inner
@@ -447,9 +500,15 @@ _ABSENT = object()
 _Step = tuple[str, Converter, bool, type[Any] | None, str]
 
 
-def struct_converter(schema: dict[str, Any], *, variable_scale: int = 10) -> Converter:
+def struct_converter(
+    schema: dict[str, Any], *, variable_scale: int = 10, infinite: InfiniteTimestamps = "dead_letter"
+) -> Converter:
     fields = [
-        (_field_name(field), converter(field, variable_scale=variable_scale), bool(field.get("optional", False)))
+        (
+            _field_name(field),
+            converter(field, variable_scale=variable_scale, infinite=infinite),
+            bool(field.get("optional", False)),
+        )
         for field in schema.get("fields") or []
     ]
     known = {name for name, _, _ in fields}
