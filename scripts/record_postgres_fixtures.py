@@ -475,7 +475,42 @@ CREATE TABLE inventory.validity (
     },
 )
 
-RECORDINGS = {recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES, INFINITY)}
+# TRUNCATE, which Debezium skips unless told otherwise (`skipped.operations` defaults to `t`): op `t`, a null key, no
+# images; one alone in its transaction, and one between changes of one transaction.
+ITEMS_TOPIC = f"{TOPIC_PREFIX}.inventory.items"
+TRUNCATE = Recording(
+    stem="truncate",
+    ddl="CREATE SCHEMA inventory; CREATE TABLE inventory.items (id integer PRIMARY KEY, name text NOT NULL);",
+    snapshot=("INSERT INTO inventory.items VALUES (1, 'a'), (2, 'b')",),
+    snapshot_expected={ITEMS_TOPIC: 2},
+    steps=(
+        Step("insert", ("INSERT INTO inventory.items VALUES (3, 'c')",), _tx({ITEMS_TOPIC: 1}), "INSERT id=3 -> c"),
+        Step("truncate", ("TRUNCATE inventory.items",), _tx({ITEMS_TOPIC: 1}), "TRUNCATE -> t"),
+        Step(
+            "insert_after_the_truncate",
+            ("INSERT INTO inventory.items VALUES (4, 'd'), (1, 'a2')",),
+            _tx({ITEMS_TOPIC: 2}),
+            "INSERT id=4, id=1 (truncated before) -> c, c",
+        ),
+        Step(
+            "truncate_between_changes_of_one_transaction",
+            (
+                "UPDATE inventory.items SET name = 'd2' WHERE id = 4",
+                "TRUNCATE inventory.items",
+                "INSERT INTO inventory.items VALUES (5, 'e')",
+                "UPDATE inventory.items SET name = 'e2' WHERE id = 5",
+            ),
+            _tx({ITEMS_TOPIC: 4}),
+            "one transaction: UPDATE id=4, TRUNCATE, INSERT id=5, UPDATE id=5 -> u, t, c, u",
+        ),
+    ),
+    final_state={"items": "SELECT id, name FROM inventory.items ORDER BY id"},
+    connector={"skipped.operations": "none"},
+)
+
+RECORDINGS = {
+    recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES, INFINITY, TRUNCATE)
+}
 
 # --------------------------------------------------------------------------- PostgreSQL
 

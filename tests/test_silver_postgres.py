@@ -5,7 +5,8 @@ scaffolded data tests), and silver compared with what PostgreSQL itself held aft
 The streams hold a snapshot, inserts, updates with and without a `before`, a delete and its tombstone, a primary-key
 change, several changes of one key in one transaction, one transaction over two tables, every common column type,
 and updates that left TOASTed values (text, bytea, text[], integer[], uuid[] and hstore) out, which Debezium replaces
-by its placeholder.
+by its placeholder; TRUNCATE alone and inside a transaction, each in a unit of work of its own; and PostgreSQL's
+infinite dates and timestamps.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ STATES = {
     "pgreal_toast": "toast_expected_final_state.json",
     "pgreal_toastjson": "toast_expected_final_state.json",
     "pgreal_toastmap": "toast_expected_final_state.json",  # toast_hstore_map.jsonl: the same statements
+    "pgreal_trunc": "truncate_expected_final_state.json",
+    "pgreal_unbounded": "infinity_expected_final_state.json",
 }
 
 
@@ -114,6 +117,10 @@ def op(line: dict[str, Any]) -> str | None:
     return None if line["payload"] is None else orjson.loads(line["payload"])["payload"].get("op")
 
 
+def first_op(lines: list[dict[str, Any]], wanted: str) -> int:
+    return next(at for at, line in enumerate(lines) if op(line) == wanted)
+
+
 @pytest.fixture(scope="module")
 def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> SilverHarness:
     """Three units of work: everything but the TOAST stream's streamed changes, then those, so that its placeholders
@@ -133,6 +140,17 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
     harness.land_lines("toastmap-snapshot", hstore_map[: len(snapshot)], dumps, ingest)
     schemaless = recorded("toast.jsonl", "pgreal_toastjson", schemas=False)
     harness.land_lines("toastjson-snapshot", schemaless[: len(snapshot)], dumps, ingest)
+    # TRUNCATE: the first unit ends before the first one, the second holds it, the third the one inside a
+    # transaction. PostgreSQL's infinite dates and timestamps: landed as `infinite_timestamps: clamp` lands them.
+    truncated = recorded("truncate.jsonl", "pgreal_trunc")
+    truncate_units = [
+        truncated[: first_op(truncated, "t")],
+        truncated[first_op(truncated, "t") : first_op(truncated, "u")],
+    ]
+    truncate_units.append(truncated[first_op(truncated, "u") :])
+    harness.land_lines("truncate-0", truncate_units[0], dumps, ingest)
+    clamped = ingest.model_copy(update={"infinite_timestamps": "clamp"})
+    harness.land_lines("infinity", recorded("infinity.jsonl", "pgreal_unbounded"), dumps, clamped)
     tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
     report = scaffold(tables, harness.project, select="pgreal_*")
     models = sorted(path.stem for path in report.written if path.suffix == ".sql")
@@ -141,6 +159,8 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
         "pgreal_main_inventory_typed_values",
         "pgreal_toast_inventory_documents",
         "pgreal_toastmap_inventory_documents",
+        "pgreal_trunc_inventory_items",
+        "pgreal_unbounded_inventory_validity",
     ]
     # Without schemas the key's fields are not known before a record is read: scaffold leaves that model to us.
     assert "pgreal_toastjson_inventory_documents" in report.skipped
@@ -154,15 +174,19 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
             f"select * from {{{{ source('bronze', '{models[-1]}') }}}}\n"
         )
     models.append(models[-1] + "_history")
+    streamed_models = [model for model in models if not model.startswith(("pgreal_main", "pgreal_unbounded"))]
     # The scaffolded data tests run too: keys unique, equals a recomputation, no key whose last change deletes it.
     # Two models at a time (`--threads`): their runs share one SparkSession and commit to one catalog.
     assert run_dbt(harness.settings, ["build", "--select", *models, "--threads", "2"]), "dbt build failed"
+    held = [["1,a", "2,b", "3,c"], ["1,a2", "4,d"]]  # silver of the truncated table after each unit but the last
     for part in (0, 1):
+        assert [f"{r['id']},{r['name']}" for r in harness.rows("silver.pgreal_trunc_inventory_items")] == held[part]
         for name, lines in (("toast", toast), ("toastmap", hstore_map), ("toastjson", schemaless)):
             streamed = lines[len(snapshot) :]
             cut = next(at for at, line in enumerate(streamed) if "__debezium.newkey" in line.get("headers", [])) + 1
             harness.land_lines(f"{name}-streamed-{part}", [streamed[:cut], streamed[cut:]][part], dumps, ingest)
-        assert run_dbt(harness.settings, ["build", "--select", *models[2:], "--threads", "2"]), "dbt build failed"
+        harness.land_lines(f"truncate-{part + 1}", truncate_units[part + 1], dumps, ingest)
+        assert run_dbt(harness.settings, ["build", "--select", *streamed_models, "--threads", "2"]), "dbt failed"
     dead_letters = f"{harness.settings.lakehouse.bronze_namespace}.{DEAD_LETTER_TABLE}"
     if load_catalog(harness.settings).table_exists(dead_letters):  # made by the first dead letter
         assert harness.rows(dead_letters, "_cdc_topic, _cdc_offset", "1, 2", "_cdc_topic like 'pgreal%'") == []
@@ -176,6 +200,7 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
         ("pgreal_main", "typed_values"),
         ("pgreal_toast", "documents"),
         ("pgreal_toastmap", "documents"),
+        ("pgreal_trunc", "items"),
     ],
 )
 def test_silver_equals_what_postgresql_held(built: SilverHarness, prefix: str, table: str) -> None:
@@ -187,6 +212,34 @@ def test_silver_equals_what_postgresql_held(built: SilverHarness, prefix: str, t
         got = {column: as_recorded(column, row[column]) for column in want}
         assert got == {column: expected_value(column, value) for column, value in want.items()}, row["id"]
         assert row["_cdc_op"] in ("r", "c", "u")
+
+
+def test_postgres_infinity_clamped_in_bronze_reaches_silver(built: SilverHarness) -> None:
+    """With `infinite_timestamps: clamp`, PostgreSQL's infinity is the last instant Spark reads and -infinity the
+    first, through dbt and Spark to silver (timestamptz as text: pyspark cannot make 0001-01-01T00:00:00Z a Python
+    datetime)."""
+    expected = orjson.loads((RECORDED / STATES["pgreal_unbounded"]).read_bytes())["validity"]
+    last, first = (
+        {"date": "9999-12-31", "ts": "9999-12-31 23:59:59.999999"},
+        {"date": "0001-01-01", "ts": "0001-01-01 00:00:00"},
+    )
+    rows = built.rows(
+        "silver.pgreal_unbounded_inventory_validity",
+        "id, "
+        + ", ".join(
+            f"cast({column} as string) as {column}"
+            for column in ("valid_from", "valid_to", "starts", "ends", "ends_ms", "ends_tz")
+        ),
+        "id",
+    )
+    assert [str(row["id"]) for row in rows] == sorted(expected, key=int)
+    for row in rows:
+        for column, value in expected[str(row["id"])].items():
+            kind = "date" if column.startswith("valid") else "ts"
+            want = {"infinity": last[kind], "-infinity": first[kind]}.get(str(value), value)
+            if column == "ends_tz" and value not in ("infinity", "-infinity"):  # PostgreSQL's text: `+00` at the end
+                want = str(value).removesuffix("+00")
+            assert str(row[column]) == str(want), (row["id"], column)
 
 
 def test_schemaless_silver_documents_equal_what_postgresql_held(built: SilverHarness) -> None:
