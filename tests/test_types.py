@@ -8,6 +8,7 @@ import decimal
 import json
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pytest
 
@@ -334,3 +335,73 @@ def test_wide_decimals_are_exact_not_rounded() -> None:
         "parameters": {"scale": "0", "connect.decimal.precision": "38"},
     }
     assert converter(schema)(dec_bytes(10**29 + 3), "c") == decimal.Decimal(10**29 + 3)
+
+
+def test_a_decimal_declared_wider_than_iceberg_holds_is_named_once_when_its_table_is_built(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """MySQL's DECIMAL(65,30) becomes decimal(38,30): bronze keeps every place but only 8 integer digits, so
+    123456789.5 is a dead letter. Said once per schema, naming the column, before the first such dead letter."""
+    from ingest.bronze.rows import RowBuilder
+    from ingest.debezium.envelope import RawRecord, decode
+    from ingest.debezium.types import narrowed_decimals
+
+    def decimal_field(name: str, precision: int, scale: int) -> dict[str, Any]:
+        parameters = {"scale": str(scale), "connect.decimal.precision": str(precision)}
+        return {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": parameters,
+            "field": name,
+        }
+
+    row_schema = {
+        "type": "struct",
+        "optional": True,
+        "fields": [
+            decimal_field("wide", 65, 30),
+            decimal_field("fits", 38, 30),
+            decimal_field("negative_scale", 38, -2),  # decimal(40,0): named too
+            {"type": "array", "field": "list", "items": decimal_field("", 40, 0)},
+        ],
+    }
+    schema = {
+        "type": "struct",
+        "name": "mysql1.shop.prices.Envelope",
+        "fields": [
+            {**row_schema, "field": "before"},
+            {**row_schema, "field": "after"},
+            {"type": "struct", "field": "source", "fields": [{"type": "string", "field": "connector"}]},
+            {"type": "string", "field": "op"},
+        ],
+    }
+    warnings = narrowed_decimals(schema, "value")
+    assert [warning.split(":")[0] for warning in warnings] == [
+        "value.before.wide",
+        "value.before.negative_scale",
+        "value.before.list[]",
+        "value.after.wide",
+        "value.after.negative_scale",
+        "value.after.list[]",
+    ]
+    assert warnings[3] == (
+        "value.after.wide: decimal(65,30) at the source is decimal(38,30) in bronze, Iceberg's widest: a value of "
+        "1E+8 or more in magnitude will be a dead letter (set the connector's decimal.handling.mode to string for "
+        "this column)"
+    )
+
+    builder = RowBuilder()
+    for big in (1, 12345678, 123456789):
+        after = {"wide": dec_bytes(big * 10**30), "fits": None, "negative_scale": None, "list": None}
+        value = orjson.dumps(
+            {"schema": schema, "payload": {"after": after, "source": {"connector": "mysql"}, "op": "c"}}
+        )
+        record = RawRecord("mysql1.shop.prices", 0, big, None, None, value)
+        with caplog.at_level("WARNING", logger="ingest.bronze.rows"):
+            if big < 10**8:
+                assert builder.build(record, decode(record), dt.datetime.now(dt.UTC)).row["after"]["wide"] == big
+            else:
+                with pytest.raises(DecodeError, match=r"value\.after\.wide: expected decimal\(38,30\)"):
+                    builder.build(record, decode(record), dt.datetime.now(dt.UTC))
+    named = [r.getMessage() for r in caplog.records if "value.after.wide" in r.getMessage()]
+    assert named == [f"mysql1.shop.prices.Envelope: {warnings[3]}"]

@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,11 +29,14 @@ from ingest.debezium.types import (
     canonical_json,
     converter,
     json_text,
+    narrowed_decimals,
     struct_converter,
     struct_fields,
     with_snapshot_as_text,
 )
 from ingest.errors import DecodeError
+
+log = logging.getLogger(__name__)
 
 
 class Layout(enum.StrEnum):
@@ -130,6 +134,9 @@ class RowBuilder:
         compiled = self._compiled.get(cache_key)
         if compiled is not None:
             return compiled
+        for schema, part in ((key_schema, "key"), (value_schema, "value")):
+            for narrowed in narrowed_decimals(schema, part):  # once per schema: compiled ones are cached
+                log.warning("%s: %s", (value_schema or key_schema or {}).get("name") or "a record", narrowed)
         scale = self._variable_scale
         fields = list(COORDINATE_FIELDS)
         if kind is RecordKind.CHANGE:

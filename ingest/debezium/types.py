@@ -118,6 +118,41 @@ def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
     return pa.decimal128(precision, scale)
 
 
+def narrowed_decimals(schema: Any, path: str) -> list[str]:
+    """The Decimal fields of ``schema`` (``path``: where it sits) declared wider than Iceberg's 38 digits, each as a
+    warning naming it: bronze keeps the scale, so such a column holds fewer integer digits than the source's, and a
+    value beyond them is a dead letter (MySQL's ``DECIMAL(65,30)`` holding 1E+8)."""
+    if not isinstance(schema, dict):
+        return []
+    if schema.get("name") == DECIMAL:
+        params = schema.get("parameters") or {}
+        try:
+            scale, precision = _wire_scale(schema), int(params["connect.decimal.precision"])
+        except (DecodeError, KeyError, TypeError, ValueError):
+            return []  # no declared precision (decimal(38, s)), or a schema the record's conversion names
+        if scale < 0:
+            precision, scale = precision - scale, 0
+        if precision <= MAX_DECIMAL_PRECISION or scale > MAX_DECIMAL_PRECISION:
+            return []
+        return [
+            f"{path}: decimal({precision},{scale}) at the source is decimal({MAX_DECIMAL_PRECISION},{scale}) in "
+            f"bronze, Iceberg's widest: a value of 1E+{MAX_DECIMAL_PRECISION - scale} or more in magnitude will be "
+            "a dead letter (set the connector's decimal.handling.mode to string for this column)"
+        ]
+    found: list[str] = []
+    kind = schema.get("type")
+    if kind == "struct":
+        for field in schema.get("fields") or []:
+            name = field.get("field") if isinstance(field, dict) else None
+            found += narrowed_decimals(field, f"{path}.{name}")
+    elif kind == "array":
+        found += narrowed_decimals(schema.get("items"), f"{path}[]")
+    elif kind == "map":
+        found += narrowed_decimals(schema.get("keys"), f"{path}.key")
+        found += narrowed_decimals(schema.get("values"), f"{path}.value")
+    return found
+
+
 def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataType:
     """The Arrow type (which pyiceberg maps 1:1 to Iceberg) of one Connect schema node."""
     name = schema.get("name")
