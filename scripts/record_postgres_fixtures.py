@@ -508,8 +508,47 @@ TRUNCATE = Recording(
     connector={"skipped.operations": "none"},
 )
 
+# A partitioned table, published per partition (the default: no publish_via_partition_root). Debezium sends each
+# partition's changes to a topic of its own; its snapshot reads the parent table too, into the parent's topic. A
+# TRUNCATE of one partition is a truncate on that partition's topic.
+PARTITIONS = Recording(
+    stem="partitions",
+    ddl="""
+CREATE SCHEMA inventory;
+CREATE TABLE inventory.orders (id integer, year integer, item text, PRIMARY KEY (id, year)) PARTITION BY LIST (year);
+CREATE TABLE inventory.orders_2023 PARTITION OF inventory.orders FOR VALUES IN (2023);
+CREATE TABLE inventory.orders_2024 PARTITION OF inventory.orders FOR VALUES IN (2024);
+""",
+    snapshot=("INSERT INTO inventory.orders VALUES (1, 2023, 'a'), (2, 2024, 'b')",),
+    snapshot_expected={f"{TOPIC_PREFIX}.inventory.{table}": 1 for table in ("orders_2023", "orders_2024")}
+    | {f"{TOPIC_PREFIX}.inventory.orders": 2},
+    steps=(
+        Step(
+            "insert_into_both_partitions",
+            ("INSERT INTO inventory.orders VALUES (3, 2024, 'c'), (4, 2023, 'd')",),
+            _tx({f"{TOPIC_PREFIX}.inventory.orders_2024": 1, f"{TOPIC_PREFIX}.inventory.orders_2023": 1}),
+            "INSERT id=3 (2024), id=4 (2023) -> c on each partition's topic",
+        ),
+        Step(
+            "truncate_a_partition",
+            ("TRUNCATE inventory.orders_2023",),
+            _tx({f"{TOPIC_PREFIX}.inventory.orders_2023": 1}),
+            "TRUNCATE orders_2023 -> t on its topic",
+        ),
+        Step(
+            "insert_after_the_truncate",
+            ("INSERT INTO inventory.orders VALUES (5, 2024, 'e')",),
+            _tx({f"{TOPIC_PREFIX}.inventory.orders_2024": 1}),
+            "INSERT id=5 (2024) -> c",
+        ),
+    ),
+    final_state={"orders": "SELECT id, year, item FROM inventory.orders ORDER BY id"},
+    connector={"skipped.operations": "none"},
+)
+
 RECORDINGS = {
-    recording.stem: recording for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES, INFINITY, TRUNCATE)
+    recording.stem: recording
+    for recording in (DBSERVER1, TOAST, TOAST_HSTORE_MAP, MESSAGES, INFINITY, TRUNCATE, PARTITIONS)
 }
 
 # --------------------------------------------------------------------------- PostgreSQL

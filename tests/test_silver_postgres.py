@@ -368,3 +368,47 @@ def test_pyiceberg_reads_silver_as_spark_does(built: SilverHarness) -> None:
     scanned = load_catalog(built.settings).load_table(table).scan(selected_fields=("id", "body", "_cdc_order"))
     by_pyiceberg = sorted(scanned.to_arrow().to_pylist(), key=lambda row: row["id"])
     assert by_pyiceberg == built.rows(table, "id, body, _cdc_order", "id")
+
+
+def test_a_truncated_partition_stops_a_model_of_several_topics(
+    built: SilverHarness, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A PostgreSQL partitioned table, one topic per partition, mapped to one bronze table: a truncate ends every
+    row of silver, so the TRUNCATE of partition 2023 emptied 2024's rows too. The run now stops naming the topics
+    and the ways out, and both work: a model per topic, and a model that leaves truncates out (keeping the rows
+    they truncated). Real Debezium output (`partitions.jsonl`)."""
+    harness = built  # after the module's own models: this test adds models that fail by design
+    lines = recorded("partitions.jsonl", "pgreal_parts")
+    topics = [f"pgreal_parts.inventory.{table}" for table in ("orders", "orders_2023", "orders_2024")]
+    mapped = harness.settings.ingest.model_copy(update={"table_mapping": dict.fromkeys(topics, "pgreal_parts_orders")})
+    harness.land_lines("partitions", lines, tmp_path_factory.mktemp("partitions"), mapped)
+    tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+    scaffold(tables, harness.project, select="pgreal_parts_*")  # declares the source; the models are written below
+    source = "{{ source('bronze', 'pgreal_parts_orders') }}"
+    silver_dir = harness.project / "models" / "silver"
+    models = {
+        "pgreal_parts_orders": ("", ""),
+        "pgreal_parts_orders_2024": ("", f" where _cdc_topic = '{topics[2]}'"),
+        "pgreal_parts_orders_kept": (", exclude_changes=\"op = 't'\"", ""),
+    }
+    for name, (config, where) in models.items():
+        (silver_dir / f"{name}.sql").write_text(
+            f"{{{{ config(materialized='cdc_silver', keys=['id', 'year']{config}) }}}}\nselect * from {source}{where}\n"
+        )
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert not run_dbt(harness.settings, ["run", "--select", "pgreal_parts_orders"])
+    message = log.read_bytes()[start:].decode()
+    assert (
+        f"cdc_silver model 'pgreal_parts_orders': its changes come from 3 topics ({', '.join(topics)}), and a "
+        f"truncate from {topics[1]} would end every row of silver.pgreal_parts_orders older than it" in message
+    ), message[-3000:]
+    assert not load_catalog(harness.settings).table_exists("silver.pgreal_parts_orders")
+
+    assert run_dbt(harness.settings, ["run", "--select", *list(models)[1:]])
+    held = orjson.loads((RECORDED / "partitions_expected_final_state.json").read_bytes())["orders"]
+    assert sorted(held, key=int) == ["2", "3", "5"]
+    rows = harness.rows("silver.pgreal_parts_orders_2024", "id, year, item", "id")
+    assert rows == [{"id": row["id"], "year": row["year"], "item": row["item"]} for row in held.values()]
+    rows = harness.rows("silver.pgreal_parts_orders_kept", "id, item", "id")
+    assert [(row["id"], row["item"]) for row in rows] == [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e")]

@@ -139,6 +139,7 @@
     {%- set changes = cdclake.fold_partial_images(bronze, changes, layout, target if existing is not none else none, tombstones, delete_mode, history, probe_unavailable=not cdclake.unavailable_free(snapshots, start)) -%}
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {%- set truncates = cdclake.scd2_truncates(bronze, sql, input_sql, start, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
+    {%- if truncates.unit %}{% do cdclake.refuse_truncate_across_topics(bronze, sql, input_sql, end, target) %}{% endif -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing) -%}
     {#- The versions were decided from silver as this run read it: a run that committed since would be merged over. -#}
     {%- if existing is not none %}{% do cdclake.check_not_overtaken(target, properties) %}{% endif -%}
@@ -177,6 +178,7 @@
     {#- A truncate (op t) removes every row older than it; changes older than it are void, in this unit of work
         and in every later one (a late change from before a truncate must not bring its row back). -#}
     {%- set truncate = cdclake.truncate_position(input_sql, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
+    {%- if truncate is not none and truncate.new %}{% do cdclake.refuse_truncate_across_topics(bronze, sql, input_sql, end, target) %}{% endif -%}
 
     {%- if existing is none -%}
       {%- set winners = cdclake.session_view('__cdc_winners') -%}
@@ -620,6 +622,28 @@
   {%- endif -%}
   {%- if stored is none -%}{{ return(none) }}{%- endif -%}
   {{ return({'literal': cdclake.stored_position(stored), 'stored': stored, 'new': stored != previous}) }}
+{%- endmacro %}
+
+
+{#-
+  A truncate ends every row of silver older than it, whichever topic the row came from. A model whose changes come
+  from several topics (a bronze table several topics are mapped to by `ingest.table_mapping`: the partitions of a
+  PostgreSQL partitioned table, whose TRUNCATE of one partition would empty them all, or several sources) stops
+  instead, naming the topics and the ways out. Read only when the unit of work holds a truncate new to silver: the
+  topics of the model's rows over all of bronze (of bronze's, should the model's SQL leave `_cdc_topic` out).
+-#}
+{% macro refuse_truncate_across_topics(bronze, sql, input_sql, end, target) -%}
+  {%- set condition = config.get('exclude_changes') -%}
+  {%- set history = cdclake.session_view('__cdc_topics') -%}
+  {% do run_query('create or replace temporary view ' ~ history ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (end | int) ~ (' where not coalesce((' ~ condition ~ '), false)' if condition else '')) %}
+  {%- set model_sql = sql | replace(bronze | string, history) -%}
+  {%- if '_cdc_topic' not in run_query('select * from (' ~ model_sql ~ ') where false').column_names -%}
+    {%- set model_sql, input_sql = 'select * from ' ~ history, 'select * from ' ~ history -%}
+  {%- endif -%}
+  {%- set row = run_query("select size(t), concat_ws(', ', t), (select concat_ws(', ', sort_array(collect_set(_cdc_topic))) from (" ~ input_sql ~ ") where op = 't') from (select sort_array(collect_set(_cdc_topic)) as t from (" ~ model_sql ~ "))").rows[0] -%}
+  {%- if row[0] > 1 -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': its changes come from " ~ row[0] ~ " topics (" ~ row[1] ~ "), and a truncate from " ~ row[2] ~ " would end every row of " ~ target ~ " older than it, the other topics' included (a TRUNCATE of one partition of a PostgreSQL partitioned table would empty every partition's rows). Give each topic a model of its own (where _cdc_topic = '...') and union them downstream, or leave truncates out of this model (exclude_changes=\"op = 't'\"), which keeps the rows they truncated.") }}
+  {%- endif -%}
 {%- endmacro %}
 
 
