@@ -279,6 +279,11 @@ def test_a_negative_scale_decimal_is_an_integer_column() -> None:
     pa.array([converter(schema)(dec_bytes(5), "c")], type=arrow_type(schema))
 
 
+def decimal_field(name: str, precision: int, scale: int) -> dict[str, Any]:
+    parameters = {"scale": str(scale), "connect.decimal.precision": str(precision)}
+    return {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "parameters": parameters, "field": name}
+
+
 def test_numeric_decimal_format_is_read_exactly() -> None:
     """decimal.format=NUMERIC writes decimals as JSON numbers: each digit lands (1.000000000000000001 used to read
     as the double 1.0 and land as 1.000000000000000000); one that does not fit the scale is a dead letter; a
@@ -286,20 +291,11 @@ def test_numeric_decimal_format_is_read_exactly() -> None:
     from ingest.bronze.rows import RowBuilder
     from ingest.debezium.envelope import RawRecord, decode
 
-    def field(name: str, scale: int, precision: int) -> dict[str, Any]:
-        parameters = {"scale": str(scale), "connect.decimal.precision": str(precision)}
-        return {
-            "type": "bytes",
-            "name": "org.apache.kafka.connect.data.Decimal",
-            "parameters": parameters,
-            "field": name,
-        }
-
     lsn = {"type": "int64", "field": "lsn"}
     row_schema = {
         "type": "struct",
         "optional": True,
-        "fields": [field("exact", 18, 20), field("money", 2, 24), {"type": "double", "field": "ratio"}],
+        "fields": [decimal_field("exact", 20, 18), decimal_field("money", 24, 2), {"type": "double", "field": "ratio"}],
     }
     schema = {
         "type": "struct",
@@ -345,15 +341,6 @@ def test_a_decimal_declared_wider_than_iceberg_holds_is_named_once_when_its_tabl
     from ingest.bronze.rows import RowBuilder
     from ingest.debezium.envelope import RawRecord, decode
     from ingest.debezium.types import narrowed_decimals
-
-    def decimal_field(name: str, precision: int, scale: int) -> dict[str, Any]:
-        parameters = {"scale": str(scale), "connect.decimal.precision": str(precision)}
-        return {
-            "type": "bytes",
-            "name": "org.apache.kafka.connect.data.Decimal",
-            "parameters": parameters,
-            "field": name,
-        }
 
     row_schema = {
         "type": "struct",

@@ -383,13 +383,20 @@ def _scaled_int(kind: str, factor: int, divisor: int = 1) -> Converter:
 _check_int32 = _int("int32")
 
 
-def _infinite(path: str, expected: str, value: Any, sign: int, clamped: object) -> DecodeError:
-    """The dead letter of PostgreSQL's infinity when ``ingest.infinite_timestamps`` is ``dead_letter``."""
-    name = "infinity" if sign > 0 else "-infinity"
-    return DecodeError(
-        f"{_fail(path, expected, value)} (PostgreSQL's '{name}' as Debezium sends it; "
-        f"ingest.infinite_timestamps: clamp lands it as {clamped})"
-    )
+def _beyond_years(
+    path: str, expected: str, value: Any, sign: int | None, infinite: InfiniteTimestamps, last: Any, first: Any
+) -> Any:
+    """What a value outside years 1-9999 becomes: PostgreSQL's infinity (``sign``: 1, or -1 for -infinity) is
+    ``last`` or ``first`` with ``infinite_timestamps: clamp``; anything else is a dead letter (raised)."""
+    if sign is None:
+        raise _fail(path, expected, value) from None
+    clamped = last if sign > 0 else first
+    if infinite == "clamp":
+        return clamped
+    raise DecodeError(
+        f"{_fail(path, expected, value)} (PostgreSQL's '{'infinity' if sign > 0 else '-infinity'}' as Debezium "
+        f"sends it; ingest.infinite_timestamps: clamp lands it as {clamped.isoformat()})"
+    ) from None
 
 
 def _date(infinite: InfiniteTimestamps) -> Converter:
@@ -399,12 +406,7 @@ def _date(infinite: InfiniteTimestamps) -> Converter:
             return _EPOCH_DATE + dt.timedelta(days=days)
         except OverflowError:  # outside years 1-9999: a dead letter, not a crash
             sign = _INFINITE_DAYS.get(days)
-            if sign is None:
-                raise _fail(path, "a date within years 1-9999", value) from None
-            clamped = _LAST_DATE if sign > 0 else _FIRST_DATE
-            if infinite == "clamp":
-                return clamped
-            raise _infinite(path, "a date within years 1-9999", value, sign, clamped) from None
+            return _beyond_years(path, "a date within years 1-9999", value, sign, infinite, _LAST_DATE, _FIRST_DATE)
 
     return convert
 
@@ -416,13 +418,9 @@ def _zoned_timestamp(infinite: InfiniteTimestamps) -> Converter:
         try:
             parsed = dt.datetime.fromisoformat(value)
         except ValueError:
+            last, first = _LAST_INSTANT.replace(tzinfo=dt.UTC), _FIRST_INSTANT.replace(tzinfo=dt.UTC)
             sign = _INFINITE_TEXT.get(value)
-            if sign is None:
-                raise _fail(path, "ISO-8601 timestamp with zone", value) from None
-            clamped = (_LAST_INSTANT if sign > 0 else _FIRST_INSTANT).replace(tzinfo=dt.UTC)
-            if infinite == "clamp":
-                return clamped
-            raise _infinite(path, "ISO-8601 timestamp with zone", value, sign, clamped.isoformat()) from None
+            return _beyond_years(path, "ISO-8601 timestamp with zone", value, sign, infinite, last, first)
         if parsed.tzinfo is None:
             raise _fail(path, "ISO-8601 timestamp with zone", value)
         try:
@@ -444,12 +442,8 @@ def _micros_timestamp(factor: int, divisor: int, infinite: InfiniteTimestamps) -
             return _NAIVE_EPOCH + dt.timedelta(microseconds=micros)
         except OverflowError:  # outside years 1-9999: a dead letter, not a crash
             sign = sentinels.get(value)
-            if sign is None:
-                raise _fail(path, "a timestamp within years 1-9999", value) from None
-            clamped = _LAST_INSTANT if sign > 0 else _FIRST_INSTANT
-            if infinite == "clamp":
-                return clamped
-            raise _infinite(path, "a timestamp within years 1-9999", value, sign, clamped.isoformat()) from None
+            expected = "a timestamp within years 1-9999"
+            return _beyond_years(path, expected, value, sign, infinite, _LAST_INSTANT, _FIRST_INSTANT)
 
     return convert
 
