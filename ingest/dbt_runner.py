@@ -134,7 +134,7 @@ def ensure_thrift_namespace(settings: Settings) -> None:
 
     from ingest.lakehouse import load_catalog
 
-    catalog = load_catalog(settings)
+    catalog = load_catalog(settings, create=False)  # a mistyped SQLite path must not become an empty catalog
     if not catalog.namespace_exists(THRIFT_NAMESPACE):
         with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(THRIFT_NAMESPACE)
@@ -173,7 +173,8 @@ def run_dbt(settings: Settings, args: Sequence[str]) -> bool:
     os.environ.update(dbt_environment(settings))
     write_profile(settings)  # the well-known copy, for plain dbt afterwards
     if settings.dbt.thrift_host:
-        ensure_thrift_namespace(settings)
+        if sends_queries(args):
+            ensure_thrift_namespace(settings)
         tolerate_empty_thrift_schemas()
     command = list(args) or ["build"]
     # The project and profile directories given among ``args`` win over cdclake's (dbt would take the last).
@@ -250,11 +251,16 @@ def _reuse_session(settings: Settings, command: Sequence[str]) -> bool:
 
 def queries_session(settings: Settings, command: Sequence[str]) -> bool:
     """Whether the dbt command sends SQL to the session target."""
-    subcommand = next((arg for arg in command if not arg.startswith("-")), None)  # after any global flags
-    if subcommand not in QUERYING_COMMANDS or {"-h", "--help", "--profile"} & set(command):
+    if not sends_queries(command):
         return False
     targets = _flag_values(command, ("--target", "-t"))
     return (targets[-1][1] if targets else settings.dbt.target) == SESSION_TARGET
+
+
+def sends_queries(command: Sequence[str]) -> bool:
+    """Whether the dbt command sends SQL to its target (whichever that is)."""
+    subcommand = next((arg for arg in command if not arg.startswith("-")), "build")  # after any global flags
+    return subcommand in QUERYING_COMMANDS and not {"-h", "--help", "--profile"} & set(command)
 
 
 def _running_session() -> Any:

@@ -690,6 +690,18 @@ def test_a_missing_sqlite_catalog_is_refused_by_every_command_but_ingest_and_dem
         assert re.match(message, str(result.exception)), (args, str(result.exception))
         assert not typo.exists(), args
         assert not typo.parent.exists(), args
+    # dbt's thrift method: the Thrift Server's namespace check created the catalog before dbt connected.
+    (tmp_path / "thrift").mkdir()
+    thrift = write(
+        tmp_path / "thrift",
+        f"lakehouse:\n  warehouse: {tmp_path}/wh\n  catalog_uri: sqlite:///{typo}\n"
+        f"dbt:\n  project_dir: {project}\n  target: cluster\n  thrift_host: 127.0.0.1\n",
+    )
+    for args in (["dbt"], ["dbt", "run"], ["dbt", "--debug", "test"]):
+        result = CliRunner().invoke(cli, ["--config", str(thrift), *args])
+        assert isinstance(result.exception, ConfigError), (args, result.output, result.exception)
+        assert re.match(message, str(result.exception)), (args, str(result.exception))
+        assert not typo.parent.exists(), args
     settings = load_settings(config, environ={})
     with pytest.raises(ConfigError, match=message):
         check_catalog_reachable(settings)

@@ -13,13 +13,13 @@ from ingest.cli.common import config_option, own_process, settings_from
 @click.pass_context
 def dbt(ctx: click.Context, args: tuple[str, ...]) -> int:
     """Run dbt (default: build) on the configured project with the lakehouse profile."""
-    from ingest.dbt_runner import queries_session, run_dbt, start_session_beside
+    from ingest.dbt_runner import run_dbt, sends_queries, start_session_beside
     from ingest.lakehouse import check_catalog_reachable
 
     dbt_args = _take_config(ctx, args)  # before the settings are loaded: it may name their file
     settings = settings_from(ctx)
-    if queries_session(settings, dbt_args):
-        check_catalog_reachable(settings)  # before Spark starts on it
+    if sends_queries(dbt_args):
+        check_catalog_reachable(settings)  # before Spark (or the Thrift Server) opens it
     if own_process(ctx):
         start_session_beside(settings, dbt_args)
     return 0 if run_dbt(settings, dbt_args) else 1
