@@ -44,6 +44,9 @@ SECRET_KEY_PATTERN = re.compile(
     r"(password|secret|token|credential|sasl\.jaas|private|account[._-]?key(?![a-z]))", re.IGNORECASE
 )
 
+# What becomes of PostgreSQL's infinity in date and timestamp columns (ingest.debezium.types applies it).
+InfiniteTimestamps = Literal["dead_letter", "clamp"]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -298,7 +301,7 @@ class IngestSettings(_Section):
     variable_scale_decimal_scale: int = Field(
         default=10, ge=0, le=38, description="Scale of the decimal(38, s) column for VariableScaleDecimal values."
     )
-    infinite_timestamps: Literal["dead_letter", "clamp"] = Field(
+    infinite_timestamps: InfiniteTimestamps = Field(
         default="dead_letter",
         description="PostgreSQL's 'infinity' and '-infinity' in date and timestamp columns (Debezium's sentinel "
         "values): dead-letter the record, as any value outside years 1-9999, or land them as the last and first "

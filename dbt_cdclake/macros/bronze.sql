@@ -238,11 +238,18 @@
     the fold): for an event no run can apply, such as a MongoDB update with no document before it in a history.
     Returns the relation to read the unit of work from. -#}
 {% macro without_excluded_changes(changes) -%}
-  {%- set condition = config.get('exclude_changes') -%}
-  {%- if not condition %}{{ return(changes) }}{% endif -%}
+  {%- if not config.get('exclude_changes') %}{{ return(changes) }}{% endif -%}
   {%- set kept = cdclake.session_view('__cdc_kept') -%}
-  {% do run_query('create or replace temporary view ' ~ kept ~ ' as select * from ' ~ changes ~ ' where not coalesce((' ~ condition ~ '), false)') %}
+  {% do run_query('create or replace temporary view ' ~ kept ~ ' as select * from ' ~ changes ~ cdclake.kept_changes_filter()) %}
   {{ return(kept) }}
+{%- endmacro %}
+
+
+{#- " where <not excluded>" for a read of bronze's rows (empty without exclude_changes): every read of bronze
+    beyond the unit of work (truncates before it, moved keys, the topics of a model) leaves out what the unit does. -#}
+{% macro kept_changes_filter() -%}
+  {%- set condition = config.get('exclude_changes') -%}
+  {{- ' where not coalesce((' ~ condition ~ '), false)' if condition else '' -}}
 {%- endmacro %}
 
 

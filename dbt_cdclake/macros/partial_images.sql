@@ -231,7 +231,6 @@
 -#}
 {% macro moves_from_earlier_units(bronze, changes, layout, fold, partial) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
-  {%- set excluded = config.get('exclude_changes') -%}
   {%- set columns = [] -%}
   {%- for column in fold.columns %}{% do columns.append(cdclake.quote(column)) %}{% endfor -%}
   {%- set columns = columns | join(', ') -%}
@@ -241,7 +240,7 @@
     {%- do keys.append('b._cdc_hk' ~ loop.index0 ~ ' <=> d._cdc_hk' ~ loop.index0) -%}
     {%- do key_names.append(', _cdc_hk' ~ loop.index0) -%}
   {%- endfor -%}
-  {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ (' where not coalesce((' ~ excluded ~ '), false)' if excluded else '') -%}
+  {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ cdclake.kept_changes_filter() -%}
   {% do run_query('create table ' ~ augmented ~ ' using iceberg as select ' ~ columns ~ ', false as _cdc_earlier, 0 as _cdc_step from ' ~ changes) %}
   {%- set wanted = {'sql': 'select distinct _cdc_topic, _cdc_order from (' ~ cdclake.unpaired_creates_sql(changes, partial) ~ ') c'} -%}
   {%- for step in range(1, 9) -%}

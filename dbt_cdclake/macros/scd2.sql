@@ -54,8 +54,7 @@
   {%- do found.update({'unit': row[0] > 0, 'stored': row[2]}) -%}
   {%- if row[1] > 0 and start is not none -%}
     {%- set earlier = cdclake.session_view('__cdc_earlier') -%}
-    {%- set condition = config.get('exclude_changes') -%}
-    {% do run_query('create or replace temporary view ' ~ earlier ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (start | int) ~ (' where not coalesce((' ~ condition ~ '), false)' if condition else '')) %}
+    {% do run_query('create or replace temporary view ' ~ earlier ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (start | int) ~ cdclake.kept_changes_filter()) %}
     {%- do found.update({'earlier_sql': sql | replace(bronze | string, earlier)}) -%}
   {%- endif -%}
   {{ return(found) }}

@@ -20,11 +20,11 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from ingest.config import InfiniteTimestamps
 from ingest.debezium.envelope import Envelope, RawRecord, RecordKind
 from ingest.debezium.types import (
     Converter,
     InexactNumberError,
-    InfiniteTimestamps,
     arrow_type,
     canonical_json,
     converter,

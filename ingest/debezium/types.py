@@ -13,11 +13,12 @@ import decimal
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from ingest.config import InfiniteTimestamps
 from ingest.errors import DecodeError
 
 Converter = Callable[[Any, str], Any]
@@ -64,7 +65,6 @@ _INFINITE_MILLIS = {9223372036825200: 1, -9223372036832400: -1}
 _INFINITE_MICROS = {millis * 1000: sign for millis, sign in _INFINITE_MILLIS.items()}
 _INFINITE_DAYS = {-622191234: 1, -2147472692: 1, -625821272: -1, -2147472691: -1}
 _INFINITE_TEXT = {"infinity": 1, "-infinity": -1}
-InfiniteTimestamps = Literal["dead_letter", "clamp"]
 # What `clamp` lands them as: the last and first of what Iceberg's Spark runtime reads (years 1-9999).
 _LAST_DATE, _FIRST_DATE = dt.date(9999, 12, 31), dt.date(1, 1, 1)
 _LAST_INSTANT, _FIRST_INSTANT = dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.datetime(1, 1, 1)
@@ -101,13 +101,17 @@ def _field_name(field: Any) -> str:
     return name
 
 
-def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
+def _declared_decimal(schema: dict[str, Any]) -> tuple[int, int]:
+    """A Connect Decimal's (precision, scale) as declared (38 digits when undeclared), a negative scale made 0 with
+    as many digits more: Parquet and Iceberg have no negative scale (Oracle NUMBER(5,-2))."""
     params = schema.get("parameters") or {}
     scale = _wire_scale(schema)
     precision = int(params.get("connect.decimal.precision", MAX_DECIMAL_PRECISION))
-    if scale < 0:
-        # Parquet and Iceberg have no negative scale: the same values as integers, |scale| more digits.
-        precision, scale = precision - scale, 0
+    return (precision - scale, 0) if scale < 0 else (precision, scale)
+
+
+def _decimal_type(schema: dict[str, Any]) -> pa.Decimal128Type:
+    precision, scale = _declared_decimal(schema)
     if scale > MAX_DECIMAL_PRECISION:
         # PostgreSQL numeric(50,40), Oracle NUMBER(p,127): no Iceberg decimal holds that many places.
         raise DecodeError(
@@ -125,13 +129,10 @@ def narrowed_decimals(schema: Any, path: str) -> list[str]:
     if not isinstance(schema, dict):
         return []
     if schema.get("name") == DECIMAL:
-        params = schema.get("parameters") or {}
         try:
-            scale, precision = _wire_scale(schema), int(params["connect.decimal.precision"])
-        except (DecodeError, KeyError, TypeError, ValueError):
-            return []  # no declared precision (decimal(38, s)), or a schema the record's conversion names
-        if scale < 0:
-            precision, scale = precision - scale, 0
+            precision, scale = _declared_decimal(schema)
+        except (DecodeError, TypeError, ValueError):
+            return []  # a schema the record's conversion names
         if precision <= MAX_DECIMAL_PRECISION or scale > MAX_DECIMAL_PRECISION:
             return []
         return [
@@ -142,8 +143,12 @@ def narrowed_decimals(schema: Any, path: str) -> list[str]:
     found: list[str] = []
     kind = schema.get("type")
     if kind == "struct":
-        for field in schema.get("fields") or []:
-            name = field.get("field") if isinstance(field, dict) else None
+        fields = [field for field in schema.get("fields") or [] if isinstance(field, dict)]
+        images = {field.get("field"): field for field in fields if field.get("field") in ("before", "after")}
+        for field in fields:
+            name = field.get("field")
+            if name == "before" and _same_schema(field, images.get("after")):
+                continue  # an envelope's two images: the column is named once, as `after`'s
             found += narrowed_decimals(field, f"{path}.{name}")
     elif kind == "array":
         found += narrowed_decimals(schema.get("items"), f"{path}[]")
@@ -151,6 +156,11 @@ def narrowed_decimals(schema: Any, path: str) -> list[str]:
         found += narrowed_decimals(schema.get("keys"), f"{path}.key")
         found += narrowed_decimals(schema.get("values"), f"{path}.value")
     return found
+
+
+def _same_schema(field: dict[str, Any], other: dict[str, Any] | None) -> bool:
+    """Whether two struct fields have the same schema, whatever their names."""
+    return other is not None and {**field, "field": None} == {**other, "field": None}
 
 
 def arrow_type(schema: dict[str, Any], *, variable_scale: int = 10) -> pa.DataType:

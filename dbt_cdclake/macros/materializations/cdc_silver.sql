@@ -633,9 +633,8 @@
   topics of the model's rows over all of bronze (of bronze's, should the model's SQL leave `_cdc_topic` out).
 -#}
 {% macro refuse_truncate_across_topics(bronze, sql, input_sql, end, target) -%}
-  {%- set condition = config.get('exclude_changes') -%}
   {%- set history = cdclake.session_view('__cdc_topics') -%}
-  {% do run_query('create or replace temporary view ' ~ history ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (end | int) ~ (' where not coalesce((' ~ condition ~ '), false)' if condition else '')) %}
+  {% do run_query('create or replace temporary view ' ~ history ~ ' as select * from ' ~ bronze ~ ' version as of ' ~ (end | int) ~ cdclake.kept_changes_filter()) %}
   {%- set model_sql = sql | replace(bronze | string, history) -%}
   {%- if '_cdc_topic' not in run_query('select * from (' ~ model_sql ~ ') where false').column_names -%}
     {%- set model_sql, input_sql = 'select * from ' ~ history, 'select * from ' ~ history -%}
