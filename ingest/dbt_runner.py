@@ -32,9 +32,14 @@ log = logging.getLogger(__name__)
 PROFILE_NAME = "cdclake"
 THRIFT_NAMESPACE = "default"
 SESSION_TARGET = "session"
-# dbt commands that send SQL to their target (see _reuse_session).
+# dbt's commands, and those that send SQL to their target (`docs` only as `docs generate`; `debug` to test it).
+DBT_COMMANDS = frozenset(
+    {"build", "clean", "clone", "compile", "debug", "deps", "docs", "init", "list", "ls", "parse", "retry", "run"}
+    | {"run-operation", "seed", "show", "snapshot", "source", "test"}
+)
 QUERYING_COMMANDS = frozenset(
     {"build", "run", "test", "seed", "snapshot", "run-operation", "show", "retry", "clone", "compile", "source"}
+    | {"debug", "docs generate"}
 )
 PASSWORD_ENV = "CDCLAKE_CATALOG_PASSWORD"  # noqa: S105 (the name of the variable, not a secret)
 
@@ -258,9 +263,20 @@ def queries_session(settings: Settings, command: Sequence[str]) -> bool:
 
 
 def sends_queries(command: Sequence[str]) -> bool:
-    """Whether the dbt command sends SQL to its target (whichever that is)."""
-    subcommand = next((arg for arg in command if not arg.startswith("-")), "build")  # after any global flags
-    return subcommand in QUERYING_COMMANDS and not {"-h", "--help", "--profile"} & set(command)
+    """Whether the dbt command sends SQL to its target (whichever that is). Its command is the first argument dbt
+    knows as one: flags before it may take values (`--target cluster build`, `--log-level debug run`). Without
+    any argument, cdclake runs `build`."""
+    if not command:
+        return True
+    if {"-h", "--help", "--version", "-V", "--profile"} & set(command):
+        return False
+    index = next((i for i, arg in enumerate(command) if arg in DBT_COMMANDS), None)
+    if index is None:
+        return False
+    subcommand = command[index]
+    if subcommand == "docs":
+        subcommand = " ".join(command[index : index + 2])
+    return subcommand in QUERYING_COMMANDS
 
 
 def _running_session() -> Any:

@@ -414,6 +414,14 @@ def test_a_command_that_queries_a_running_session_gets_a_profile_without_spark_s
         ("build", "--target", "cluster"): False,
         ("build", "-t=cluster"): False,
         ("build", "--profile", "theirs"): False,
+        # Flags before the command may take values: the command is the first word dbt knows as one.
+        ("--target", "session", "build"): True,
+        ("--log-level", "debug", "run"): True,
+        ("--target", "cluster", "build"): False,
+        ("debug",): True,  # tests the connection
+        ("docs", "generate"): True,
+        ("docs", "serve"): False,
+        ("--version",): False,
     }
     monkeypatch.setattr(SparkSession, "_instantiatedSession", None)
     assert not any(dbt_runner._reuse_session(settings, command) for command in cases)
@@ -428,6 +436,10 @@ def test_a_command_that_queries_a_running_session_gets_a_profile_without_spark_s
     cluster = settings_for_target("cluster")
     assert not dbt_runner._reuse_session(cluster, ["build"])
     assert dbt_runner._reuse_session(cluster, ["build", "--target", "session"])
+    # Whichever the target: what needs the catalog (and, for the thrift method, its `default` namespace).
+    assert dbt_runner.sends_queries([])  # cdclake runs `build`
+    assert dbt_runner.sends_queries(["--target", "cluster", "build"])
+    assert not dbt_runner.sends_queries(["--target", "cluster", "deps"])
 
 
 def test_cdclake_dbt_starts_spark_beside_dbt_only_in_a_process_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
