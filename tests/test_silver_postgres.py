@@ -404,6 +404,22 @@ def test_a_truncated_partition_stops_a_model_of_several_topics(
         f"truncate from {topics[1]} would end every row of silver.pgreal_parts_orders older than it" in message
     ), message[-3000:]
     assert not load_catalog(harness.settings).table_exists("silver.pgreal_parts_orders")
+    # A model of the truncated topic that does not select _cdc_topic cannot be told from one of all: it is refused,
+    # saying so.
+    bronze = load_catalog(harness.settings).load_table("bronze.pgreal_parts_orders")
+    columns = ", ".join(field.name for field in bronze.schema().fields if field.name != "_cdc_topic")
+    (silver_dir / "pgreal_parts_orders_columns.sql").write_text(
+        "{{ config(materialized='cdc_silver', keys=['id', 'year']) }}\n"
+        f"select {columns} from {source} where _cdc_topic = '{topics[1]}'\n"  # the truncated partition
+    )
+    start = log.stat().st_size
+    assert not run_dbt(harness.settings, ["run", "--select", "pgreal_parts_orders_columns"])
+    message = log.read_bytes()[start:].decode()
+    assert (
+        f"its changes come from 3 topics ({', '.join(topics)}, those of all of bronze.pgreal_parts_orders: the "
+        "model does not select _cdc_topic, which a model of one topic must)" in message
+    ), message[-3000:]
+    (silver_dir / "pgreal_parts_orders_columns.sql").unlink()
 
     assert run_dbt(harness.settings, ["run", "--select", *list(models)[1:]])
     held = orjson.loads((RECORDED / "partitions_expected_final_state.json").read_bytes())["orders"]

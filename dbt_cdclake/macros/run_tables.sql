@@ -1,0 +1,118 @@
+{#- The tables and branches of one run, and the guards between overlapping runs. -#}
+
+
+{#-
+  Where a run's batch table lives (`<catalog>.<schema>`): the model's `batch_catalog` if it names one, else
+  `cdclake_scratch`, an Iceberg Hadoop catalog under the lakehouse's warehouse (`<warehouse>/_cdclake_scratch`),
+  set up in the session unless Spark already defines it. Dropping a table there deletes its directory (~30 ms); a
+  purge in a JDBC or REST catalog runs a Spark job over the table's manifests (0.5-0.8 s, every run). A batch
+  table is written and read by one run only, so the Hadoop catalog's lack of safe concurrent commits on object
+  stores does not matter. Without a warehouse path, or when the lakehouse's catalog reads its files through its
+  own `io-impl` (which a Hadoop catalog cannot use), batch tables stay in silver's namespace.
+-#}
+{% macro batch_schema(target) -%}
+  {{ return(adapter.dispatch('batch_schema', 'cdclake')(target)) }}
+{%- endmacro %}
+
+
+{% macro default__batch_schema(target) -%}
+  {%- set catalog = config.get('batch_catalog') -%}
+  {%- if catalog -%}
+    {#- A JDBC or REST catalog has no namespace until it is created (the Hadoop one makes its directory). -#}
+    {% do run_query('create namespace if not exists ' ~ catalog ~ '.' ~ target.schema) %}
+    {{ return(catalog ~ '.' ~ target.schema) }}
+  {%- endif -%}
+  {%- set catalog = 'cdclake_scratch' -%}
+  {%- if cdclake.spark_setting('spark.sql.catalog.' ~ catalog) is none -%}
+    {%- set lake = 'spark.sql.catalog.' ~ run_query('select current_catalog()').rows[0][0] -%}
+    {%- set warehouse = cdclake.spark_setting(lake ~ '.warehouse') -%}
+    {%- if warehouse is none or cdclake.spark_setting(lake ~ '.io-impl') is not none -%}
+      {{ return(target.schema) }}
+    {%- endif -%}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '`=`org.apache.iceberg.spark.SparkCatalog`') %}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.type`=`hadoop`') %}
+    {% do run_query('set `spark.sql.catalog.' ~ catalog ~ '.warehouse`=`' ~ warehouse.rstrip('/') ~ '/_cdclake_scratch`') %}
+  {%- endif -%}
+  {{ return(catalog ~ '.' ~ target.schema) }}
+{%- endmacro %}
+
+
+{#- This run's tables, decided once per run (batch_schema may run statements): `batch`, its batch table
+    `<batch schema>.<model>__cdc_batch_<invocation>` (`name` without the schema), after which scratch_table names
+    the others; `schemas`, where drop_batch_tables looks for earlier runs' tables: this run's schema and the one
+    the previous run recorded in `cdclake.batch_schema` (`previous_schema`; before that property, silver's
+    namespace) if it differs and its catalog is defined in this session. -#}
+{% macro run_tables(target, properties) -%}
+  {%- set id = invocation_id | replace('-', '') -%}
+  {%- set batch_schema = cdclake.batch_schema(target) -%}
+  {%- set name = target.identifier ~ '__cdc_batch_' ~ id -%}
+  {%- set previous = properties.get('cdclake.batch_schema', target.schema) -%}
+  {%- set schemas = [batch_schema] -%}
+  {%- if previous != batch_schema -%}
+    {%- if cdclake.catalog_defined(previous) -%}
+      {% do schemas.append(previous) %}
+    {%- else -%}
+      {{ log("cdclake: the previous run of " ~ target.identifier ~ " left its batch table in " ~ previous ~ ", whose catalog this session does not define: it stays there", info=true) }}
+    {%- endif -%}
+  {%- endif -%}
+  {{ return({'id': id, 'schema': batch_schema, 'name': name, 'batch': batch_schema ~ '.' ~ name, 'schemas': schemas, 'previous_schema': previous}) }}
+{%- endmacro %}
+
+
+{#- A table of this run next to its batch table (`<model>__cdc_batch_<invocation>_<kind>`; layout.run_tables is the
+    batch table's name, see run_tables): intermediate results that later statements of the run read. Dropped by the
+    run; drop_batch_tables drops those a failed run left. -#}
+{% macro scratch_table(layout, kind) -%}
+  {{ return(layout.run_tables ~ '_' ~ kind) }}
+{%- endmacro %}
+
+
+{#- Whether the catalog of `schema` (`[catalog.]namespace`) is defined in this session. -#}
+{% macro catalog_defined(schema) -%}
+  {%- set parts = schema.split('.') -%}
+  {{ return(parts | length < 2 or parts[0] == 'spark_catalog' or cdclake.spark_setting('spark.sql.catalog.' ~ parts[0]) is not none) }}
+{%- endmacro %}
+
+
+{#-
+  Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `schemas`
+  (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
+  own until the next, for a look at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files in a JDBC
+  or REST catalog. Called once this run's commits are done: a run overlapping this one may lose its table and fail
+  (the next run applies what it did not), but a run that fails drops nothing, so two overlapping runs cannot drop
+  each other's tables and both fail.
+-#}
+{% macro drop_batch_tables(target, schemas, keep) -%}
+  {#- The names runs give them (older versions: without the invocation, or a shorter one), and nothing else (a
+      cdc_silver model may not hold `__cdc_` in its name, check_options, but another table may). Catalogs that fold
+      names to lower case list them so. -#}
+  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_[0-9a-f]+(_folded|_folding|_history|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types)?)?', modules.re.IGNORECASE) -%}
+  {%- for schema in schemas -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and batch_name.fullmatch(row[1]) and row[1] != keep -%}
+      {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+    {%- endfor -%}
+  {%- endfor -%}
+{%- endmacro %}
+
+
+{#- Fails the run (dropping its branch) if another run of the model applied bronze since this one read `properties`,
+    or anything else moved silver's main: its unit of work and applied position are stale. (The fast-forward would
+    fail on a moved main too; this says why, and also catches a run that moved main before this one read the
+    properties but recorded its bronze snapshot after.) -#}
+{% macro check_not_overtaken(target, properties, branch=none) -%}
+  {%- set now = cdclake.table_properties(target) -%}
+  {%- set moved = now.get('current-snapshot-id') != properties.get('current-snapshot-id') -%}
+  {%- if moved or now.get('cdclake.bronze_snapshot_id') != properties.get('cdclake.bronze_snapshot_id') -%}
+    {%- if branch is not none %}{% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}{% endif -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " changed while this run applied bronze from snapshot " ~ properties.get('cdclake.bronze_snapshot_id') ~ " (now " ~ ('at silver snapshot ' ~ now.get('current-snapshot-id') if moved else 'applied up to bronze snapshot ' ~ now.get('cdclake.bronze_snapshot_id')) ~ "): another run of the model, or a write to silver, overtook it. Nothing was applied; run it again.") }}
+  {%- endif -%}
+{%- endmacro %}
+
+
+{#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
+{% macro drop_apply_branches(target) -%}
+  {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
+    {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
+    {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ cdclake.quote(row[0])) %}
+  {%- endfor -%}
+{%- endmacro %}
