@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression, In
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
@@ -93,6 +93,7 @@ class BronzeStatus:
     last_commit_from: str | None  # "snapshot" (the last ingest snapshot) or "data" (max _cdc_ingested_at)
     partitions: list[PartitionStatus] = field(default_factory=list)
     dead_letters: dict[str, int] = field(default_factory=dict)
+    dead_letters_latest_error: dict[str, str] = field(default_factory=dict)  # topic -> why its last one is one
     # Every silver table built from it: `silver.<name>` first, then those found by the bronze snapshot they applied
     # (other names or namespaces: a history beside a current state, a model with an alias or a schema of its own).
     silvers: list[SilverStatus] = field(default_factory=list)
@@ -118,8 +119,9 @@ class LakehouseStatus:
     tables: list[BronzeStatus]
     dead_letters_without_table: dict[str, int]  # topic -> count, for destinations that have no bronze table
     lag_checked: bool  # whether the broker was asked
-    # topic -> when the last of those dead letters was landed
+    # topic -> when the last of those dead letters was landed, and why it is one
     dead_letters_without_table_latest: dict[str, dt.datetime] = field(default_factory=dict)
+    dead_letters_without_table_latest_error: dict[str, str] = field(default_factory=dict)
     # Topics of the subscription that hold records but have no bronze table (and no dead letter): nothing landed.
     # topic -> its records in the cluster (the sum over its partitions of high watermark - log start).
     topics_without_table: dict[str, int] = field(default_factory=dict)
@@ -215,6 +217,7 @@ def last_ingest_commit(table: Table) -> tuple[dt.datetime | None, str | None]:
 class DeadLetters:
     count: int
     latest: dt.datetime | None  # when the last of them was landed
+    latest_error: str | None = None  # why the last of them is one ("<kind>: <error>")
 
 
 def count_dead_letters(
@@ -243,7 +246,24 @@ def count_dead_letters(
         destination = str(row["_cdc_destination"])
         latest = row[f"{INGESTED_AT_COLUMN}_max"]
         counts.setdefault(destination, {})[str(row["_cdc_topic"])] = DeadLetters(int(row["count_all"]), latest)
+    _add_latest_errors(table, row_filter, counts)
     return counts
+
+
+def _add_latest_errors(table: Table, row_filter: BooleanExpression, counts: dict[str, dict[str, DeadLetters]]) -> None:
+    """Each topic's latest dead letter's reason: the error of its last landed (of one flush: the greatest offset).
+    Only the rows of those flushes are read with their errors (up to 4,000 characters each)."""
+    times = {letters.latest for topics in counts.values() for letters in topics.values() if letters.latest}
+    if not times:
+        return
+    in_: Any = In
+    recent = And(row_filter, in_(INGESTED_AT_COLUMN, sorted(time.isoformat() for time in times)))
+    fields = ("_cdc_destination", "_cdc_topic", INGESTED_AT_COLUMN, "_cdc_offset", "_cdc_error_kind", "_cdc_error")
+    rows = table.scan(row_filter=recent, selected_fields=fields).to_arrow().to_pylist()
+    for row in sorted(rows, key=lambda row: (row[INGESTED_AT_COLUMN], row["_cdc_offset"])):  # the last one wins
+        letters = counts.get(str(row["_cdc_destination"]), {}).get(str(row["_cdc_topic"]))
+        if letters is not None and row[INGESTED_AT_COLUMN] == letters.latest:
+            letters.latest_error = f"{row['_cdc_error_kind']}: {row['_cdc_error']}"
 
 
 # -- consumer lag ---------------------------------------------------------------------------------------------------
@@ -539,7 +559,12 @@ def collect_status(
             partitions=[
                 PartitionStatus(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())
             ],
-            dead_letters={topic: letters.count for topic, letters in sorted(dead.pop(identifier, {}).items())},
+            dead_letters={topic: letters.count for topic, letters in sorted(dead.get(identifier, {}).items())},
+            dead_letters_latest_error={
+                topic: letters.latest_error
+                for topic, letters in sorted(dead.pop(identifier, {}).items())
+                if letters.latest_error is not None
+            },
         )
         # The silver table of the same name (shown even before it records an applied snapshot), then every other
         # whose applied snapshot is one of this table's.
@@ -598,11 +623,14 @@ def collect_status(
 
     orphans: dict[str, int] = {}
     orphans_latest: dict[str, dt.datetime] = {}
+    orphans_error: dict[str, str] = {}
     for topics in dead.values():
         for topic, letters in topics.items():
             orphans[topic] = orphans.get(topic, 0) + letters.count
-            if letters.latest is not None:
-                orphans_latest[topic] = max(letters.latest, orphans_latest.get(topic, letters.latest))
+            if letters.latest is not None and letters.latest >= orphans_latest.get(topic, letters.latest):
+                orphans_latest[topic] = letters.latest
+                if letters.latest_error is not None:
+                    orphans_error[topic] = letters.latest_error
     return LakehouseStatus(
         generated_at=now or dt.datetime.now(dt.UTC),
         catalog=lake.catalog_name,
@@ -613,6 +641,7 @@ def collect_status(
         dead_letters_without_table=dict(sorted(orphans.items())),
         lag_checked=lag_checked,
         dead_letters_without_table_latest=orphans_latest,
+        dead_letters_without_table_latest_error=dict(sorted(orphans_error.items())),
         topics_without_table=dict(sorted(topics_without_table.items())),
         topics_without_table_since=topics_without_table_since,
     )
@@ -826,12 +855,14 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
                     for p in table.partitions
                 ],
                 "dead_letters": table.dead_letters,
+                "dead_letters_latest_error": table.dead_letters_latest_error,
                 "silver": silver(table.silver),  # the first of silver_tables (kept for scripts written before)
                 "silver_tables": [silver(item) for item in table.silvers],
             }
             for table in status.tables
         ],
         "dead_letters_without_table": status.dead_letters_without_table,
+        "dead_letters_without_table_latest_error": status.dead_letters_without_table_latest_error,
         "topics_without_table": {
             topic: {"records": count, "since": _iso(status.topics_without_table_since.get(topic))}
             for topic, count in status.topics_without_table.items()

@@ -285,6 +285,15 @@ def test_status_json_reports_rows_offsets_dead_letters_and_silver(landed: Settin
     assert tables["dbserver1_inventory_typed_values"]["silver"] is None
     # The two recorded rows with an oversized numeric are dead letters of their topic.
     assert tables["dbserver1_inventory_typed_values"]["dead_letters"] == {"dbserver1.inventory.typed_values": 2}
+    # And why the last of them is one (the dead-letter table holds each reason).
+    dead = catalog.load_table(f"bronze.{DEAD_LETTER_TABLE}").scan().to_arrow().sort_by("_cdc_offset").to_pylist()
+    last = dead[-1]
+    assert tables["dbserver1_inventory_typed_values"]["dead_letters_latest_error"] == {
+        "dbserver1.inventory.typed_values": f"{last['_cdc_error_kind']}: {last['_cdc_error']}"
+    }
+    assert "numeric" in last["_cdc_error"] or "decimal" in last["_cdc_error"], last["_cdc_error"]
+    assert customers["dead_letters_latest_error"] == {}
+    assert document["dead_letters_without_table_latest_error"] == {}
     assert document["source"] is None
     assert document["lag_checked"] is False
     assert document["stale"] is False
@@ -402,6 +411,14 @@ def test_a_partition_or_topic_of_dead_letters_only_is_shown(lakehouse: Path) -> 
     status = collect_status(settings, watermarks=lambda asked: dict.fromkeys(asked, Watermarks(0, 1)))
     assert status.dead_letters_without_table == {"o.s.t": 1}
     assert stale_problems(status, 3600) == ["topic o.s.t: 1 record(s), every one a dead letter: no bronze table"]
+    # Each line says why the latest dead letter is one.
+    [error] = status.dead_letters_without_table_latest_error.values()
+    assert status.tables[0].dead_letters_latest_error == {"i.s.t": error}  # the same reason: not JSON
+    assert error.startswith("DecodeError: "), error
+    assert "JSON" in error, error
+    shown = " ".join(invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "status"]).stdout.split())
+    assert f"dead letters: 2 from i.s.t -> bronze.i_s_t; the latest: {error}" in shown, shown
+    assert f"dead letters: 1 from o.s.t (no bronze table); the latest: {error}" in shown, shown
     # Only while they keep coming: those of a table since dropped or mapped elsewhere made every status stale.
     later = status.generated_at + dt.timedelta(hours=2)
     assert [problem for problem in stale_problems(status, 3600, now=later) if "o.s.t" in problem] == []

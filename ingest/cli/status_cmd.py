@@ -187,9 +187,11 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
 
     for table in status.tables:
         for topic, count in table.dead_letters.items():
-            console.print(Text(f"dead letters: {count:,} from {topic} -> {table.table}", style="red"))
+            reason = _latest_reason(table.dead_letters_latest_error.get(topic))
+            console.print(Text(f"dead letters: {count:,} from {topic} -> {table.table}{reason}", style="red"))
     for topic, count in status.dead_letters_without_table.items():
-        console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table)", style="red"))
+        reason = _latest_reason(status.dead_letters_without_table_latest_error.get(topic))
+        console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table){reason}", style="red"))
     for topic, count in status.topics_without_table.items():
         console.print(Text(f"not landed: {count:,} record(s) of {topic} (no bronze table)", style="red"))
     for name in idle_tables(status, stale_after):
@@ -200,3 +202,10 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
         )
     if not problems:
         console.print(Text(f"fresh (--stale-after {stale_after:g}s)", style="green"))
+
+
+def _latest_reason(error: str | None, limit: int = 300) -> str:
+    """``; the latest: <kind>: <error>``, cut to ``limit`` characters (the dead-letter table holds it whole)."""
+    if error is None:
+        return ""
+    return "; the latest: " + (error if len(error) <= limit else error[: limit - 3] + "...")
