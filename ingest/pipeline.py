@@ -129,10 +129,16 @@ class Pipeline:
         *,
         fast_path: bool = True,
         poll_timeout_s: float = 1.0,
+        replaying: bool = False,
     ) -> None:
         """``fast_path=False`` decodes and builds every record on its own with the reference functions
         (``decode`` parsing each document in full, ``RowBuilder``): slower, and what the fast path must equal.
-        ``poll_timeout_s`` (source.poll_timeout_s): the longest wait for records in one poll."""
+        ``poll_timeout_s`` (source.poll_timeout_s): the longest wait for records in one poll.
+        ``replaying``: the records are dead letters landed again (ingest.replay; the per-record path only): they lie
+        below their tables' offsets and in the dead-letter table by nature, and are not skipped for it."""
+        if replaying and fast_path:
+            raise ValueError("a replay of dead letters takes the per-record path (fast_path=False)")
+        self._replaying = replaying
         self.settings = settings
         self.poll_timeout_s = poll_timeout_s
         self.tables = tables
@@ -331,7 +337,8 @@ class Pipeline:
         if not isinstance(error, DecodeError):  # no check foresaw it: still the record's fault
             log.warning("decoding %s[%d]@%d failed", record.topic, record.partition, record.offset, exc_info=True)
             error = DecodeError(f"could not be decoded: {type(error).__name__}: {error}")
-        self._stop_on_type_conflict(error, record)
+        if not self._replaying:  # a dead letter landed again that still conflicts stays one
+            self._stop_on_type_conflict(error, record)
         self._dead_letter(record, name, error, ingested_at)
 
     def _stop_on_type_conflict(self, error: DecodeError, record: RawRecord) -> None:
@@ -706,7 +713,9 @@ class Pipeline:
         if name is None:
             name = self._route(record.topic)
         tp = (record.topic, record.partition)
-        if record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(name, tp, record.offset):
+        if not self._replaying and (
+            record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(name, tp, record.offset)
+        ):
             self._skip("replay")
             return
         try:
@@ -907,7 +916,7 @@ class Pipeline:
         dead = buffer.pop(DEAD_LETTER_TABLE, None)
         if dead is not None:
             self._commit(dead)
-        batches = list(buffer.values())
+        batches = [replace(batch, replay=True) if self._replaying else batch for batch in buffer.values()]
         if len(batches) == 1 or self.settings.writer_threads == 1:
             for batch in batches:
                 self._commit(batch)

@@ -15,12 +15,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
+from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import DayTransform
@@ -57,6 +59,8 @@ UNAVAILABLE_UUID = str(
 # What it puts in an hstore column with hstore.handling.mode=json (the default; a map of it to itself, DBZ-7582).
 UNAVAILABLE_HSTORE_JSON = orjson.dumps({UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}).decode()
 MOVED_FROM_HEADER = "__debezium.oldkey"  # the Kafka header of a primary-key change's create
+# Snapshot summary of a commit that landed dead letters again (`cdclake replay-dead-letters`): how many.
+REPLAYED_PROPERTY = "cdclake.replayed-dead-letters"
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
 TABLE_PROPERTIES = {
@@ -152,6 +156,9 @@ class TableBatch:
     offsets: Offsets = field(default_factory=dict)
     # Tombstones only, of a table no change record laid out: ``layout`` is their key's (LAYOUT_PROVISIONAL_PROPERTY).
     provisional_layout: bool = False
+    # Dead letters landed again (ingest.replay): below the table's offsets by nature, so kept unless the table
+    # holds their coordinates already (an earlier replay that died before it deleted them as dead letters).
+    replay: bool = False
 
 
 class BronzeTables:
@@ -281,16 +288,23 @@ class BronzeTables:
         # Rows another writer (a restarted process, the new owner after a rebalance, or a zombie that lost its
         # partitions) committed meanwhile are dropped here, against the offsets of the very metadata we commit on.
         # A dead letter's destination is the identifier of a table of this namespace (its name after the dot).
-        rows = _unwritten_rows(table, batch, stored, lambda destination: self.offsets(destination.rpartition(".")[2]))
-        data = pa.Table.from_pylist(rows, schema=target)
-        if batch.tables:
-            parts = [conform_table(part, target) for part in batch.tables]
-            data = drop_committed(
-                pa.concat_tables([data, *parts] if data.num_rows else parts), stored, list(batch.offsets)
-            )
         checked = None
-        if batch.kind != DEAD_LETTER_KIND:
-            data, checked = self._without_dead_letters(batch, data, stored)
+        if batch.replay:
+            data = pa.Table.from_pylist(batch.rows, schema=target)
+            parts = [conform_table(part, target) for part in batch.tables]
+            data = _not_held(table, pa.concat_tables([data, *parts]) if parts else data)
+        else:
+            rows = _unwritten_rows(
+                table, batch, stored, lambda destination: self.offsets(destination.rpartition(".")[2])
+            )
+            data = pa.Table.from_pylist(rows, schema=target)
+            if batch.tables:
+                parts = [conform_table(part, target) for part in batch.tables]
+                data = drop_committed(
+                    pa.concat_tables([data, *parts] if data.num_rows else parts), stored, list(batch.offsets)
+                )
+            if batch.kind != DEAD_LETTER_KIND:
+                data, checked = self._without_dead_letters(batch, data, stored)
         merged = merge_offsets(stored, batch.offsets)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
@@ -309,6 +323,8 @@ class BronzeTables:
         # The crash test kills the process between these two lines (data files written, catalog not yet updated).
         log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
         summary = {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id}
+        if batch.replay:
+            summary[REPLAYED_PROPERTY] = str(data.num_rows)
         for key, count in ((TRUNCATES_PROPERTY, count_truncates), (UNAVAILABLE_PROPERTY, count_unavailable)):
             total = running_total(table, key)
             if total is not None:
@@ -404,6 +420,48 @@ def _unwritten_rows(
         held = dead_lettered_offsets(table, topic, partition, min(offsets), max(offsets) + 1, destination)
         fresh.extend(row for row, offset in zip(candidates, offsets, strict=True) if offset not in held)
     return fresh
+
+
+def held_coordinates(table: Table, coordinates: pa.Table) -> set[tuple[str, int, int]]:
+    """The (topic, partition, offset) of ``coordinates`` (columns _cdc_topic, _cdc_partition, _cdc_offset) that
+    ``table`` holds: read per partition over the range of offsets asked, which the files' bounds prune."""
+    # pyiceberg's predicates are pydantic models: mypy reads their generated signature, not their __init__.
+    equal: Any = EqualTo
+    between: Any = And
+    at_least: Any = GreaterThanOrEqual
+    at_most: Any = LessThanOrEqual
+    held: set[tuple[str, int, int]] = set()
+    asked = {(str(r["_cdc_topic"]), int(r["_cdc_partition"]), int(r["_cdc_offset"])) for r in coordinates.to_pylist()}
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in asked:
+        by_partition.setdefault((topic, partition), []).append(offset)
+    for (topic, partition), offsets in by_partition.items():
+        condition = between(
+            between(equal("_cdc_topic", topic), equal("_cdc_partition", partition)),
+            between(at_least("_cdc_offset", min(offsets)), at_most("_cdc_offset", max(offsets))),
+        )
+        found = table.scan(row_filter=condition, selected_fields=("_cdc_offset",)).to_arrow()["_cdc_offset"]
+        held.update((topic, partition, offset) for offset in found.to_pylist() if (topic, partition, offset) in asked)
+    return held
+
+
+def _not_held(table: Table, data: pa.Table) -> pa.Table:
+    """``data`` without the rows whose coordinates ``table`` holds already."""
+    if not data.num_rows or table.current_snapshot() is None:
+        return data
+    held = held_coordinates(table, data)
+    if not held:
+        return data
+    keep = [
+        (topic, partition, offset) not in held
+        for topic, partition, offset in zip(
+            data["_cdc_topic"].to_pylist(),
+            data["_cdc_partition"].to_pylist(),
+            data["_cdc_offset"].to_pylist(),
+            strict=True,
+        )
+    ]
+    return data.filter(pa.array(keep, pa.bool_()))
 
 
 def count_truncates(data: pa.Table) -> int:

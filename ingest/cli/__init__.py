@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "sql": "ingest.cli.sql_cmd:sql",
     "status": "ingest.cli.status_cmd:status",
     "maintain": "ingest.cli.maintain_cmd:maintain",
+    "replay-dead-letters": "ingest.cli.replay_cmd:replay_dead_letters",
 }
 
 

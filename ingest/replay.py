@@ -1,0 +1,245 @@
+"""Land dead letters again (`cdclake replay-dead-letters`): after a fix (a setting such as
+``ingest.infinite_timestamps``, a new cdclake), the records that failed are decoded anew, those that decode now
+land in their bronze tables, and leave the dead-letter table.
+
+The stages are ingest's, read from the dead-letter table instead of a topic: each record (raw key and value,
+Kafka coordinates, timestamp and headers, as they arrived) goes through the same per-record decode and schema
+checks (:class:`ingest.pipeline.Pipeline` with ``replaying``), and lands with its original coordinates, so silver
+orders it by its position like any late change. A record that fails again stays a dead letter.
+
+Exactly once, in two commits per table, each safe to repeat:
+
+1. the data commit appends the records that decode now, leaving out any whose coordinates the table holds
+   already (:class:`ingest.bronze.tables.TableBatch` ``replay``), and moves the table's offsets past those at
+   its end (a partition whose latest records were dead letters);
+2. the dead-letter table drops the records their data table now holds.
+
+A replay killed between the two leaves records in both tables; the next replay finds them in their data table
+and only drops them as dead letters. Only records a partition has landed past are taken: dead letters after a
+gap (records of a flush whose data commit failed, which ingest reads again) wait for it. A running ingester is no
+obstacle: each commit is checked against the very table state it lands on, and offsets only move forward.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import And, EqualTo, In, Or
+from pyiceberg.table import Table
+from sqlalchemy.exc import OperationalError
+
+from ingest.bronze.dead_letters import dead_letters_landed_up_to, landed_up_to
+from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.tables import (
+    OFFSETS_PROPERTY,
+    PYICEBERG_COMMIT_RETRIES,
+    BronzeTables,
+    decode_offsets,
+    held_coordinates,
+)
+from ingest.config import Settings
+from ingest.debezium.envelope import RawRecord
+from ingest.errors import CommitError
+from ingest.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_COMMIT_ATTEMPTS = 8
+
+
+@dataclass
+class TopicReplay:
+    """What a replay did with one topic's dead letters."""
+
+    landed: int = 0  # now in their data table (this replay's, or an earlier one's that died before step 2)
+    still_dead: int = 0  # failed again
+    waiting: int = 0  # after a gap in their partition: replayed once ingest has landed the records before them
+    mapped_elsewhere: int = 0  # ingest.table_mapping sends their topic to another table now
+
+
+@dataclass
+class ReplayResult:
+    topics: dict[str, TopicReplay] = field(default_factory=dict)
+
+    @property
+    def landed(self) -> int:
+        return sum(topic.landed for topic in self.topics.values())
+
+
+class _NoSource:
+    """The pipeline's source, unused: a replay hands it its records itself (accept_batch)."""
+
+    def start(self, resolve: Any) -> None:
+        return None
+
+    def poll(self, max_records: int, timeout_s: float) -> list[RawRecord]:
+        return []
+
+    def caught_up(self, once: bool = False) -> bool:
+        return True
+
+    def commit_advisory(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        return None
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+def replay_dead_letters(settings: Settings, tables: BronzeTables, topics: Iterable[str] = ()) -> ReplayResult:
+    """Land again the dead letters of ``topics`` (all, when none) that decode now; see the module's docstring."""
+    result = ReplayResult()
+    dead_table = tables.load(DEAD_LETTER_TABLE)
+    if dead_table is None or dead_table.current_snapshot() is None:
+        return result
+    wanted = sorted(set(topics))
+    in_: Any = In
+    condition = in_("_cdc_topic", wanted) if wanted else None
+    scan = dead_table.scan(row_filter=condition) if condition is not None else dead_table.scan()
+    letters = scan.to_arrow().sort_by(
+        [("_cdc_topic", "ascending"), ("_cdc_partition", "ascending"), ("_cdc_offset", "ascending")]
+    )
+    if not letters.num_rows:
+        return result
+    pipeline = Pipeline(settings.ingest, tables, _NoSource(), fast_path=False, replaying=True)
+    dead_offsets = decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
+    taken: list[dict[str, Any]] = []
+    landed_to: dict[tuple[str, int, str], int] = {}
+    for row in letters.to_pylist():
+        topic, partition, destination = str(row["_cdc_topic"]), int(row["_cdc_partition"]), str(row["_cdc_destination"])
+        counts = result.topics.setdefault(topic, TopicReplay())
+        if destination != tables.identifier(pipeline.table_for(topic)):
+            counts.mapped_elsewhere += 1
+            continue
+        end = landed_to.get((topic, partition, destination))
+        if end is None:
+            end = landed_to[(topic, partition, destination)] = _landed_end(
+                tables, dead_table, dead_offsets, (topic, partition), destination
+            )
+        if row["_cdc_offset"] >= end:
+            counts.waiting += 1
+            continue
+        taken.append(row)
+    if not taken:
+        return result
+    started = time.monotonic()
+    ingested_at = dt.datetime.now(dt.UTC)
+    for chunk in _chunks([_raw_record(row) for row in taken], 1000):
+        pipeline.accept_batch(chunk, ingested_at)
+        if pipeline.flush_due():
+            pipeline.flush()
+    pipeline.flush()
+    log.info("replayed %d dead letter(s) in %.1f s", len(taken), time.monotonic() - started)
+    _drop_landed(tables, taken, result)
+    return result
+
+
+def _landed_end(
+    tables: BronzeTables,
+    dead_table: Table,
+    dead_offsets: Mapping[tuple[str, int], int],
+    tp: tuple[str, int],
+    destination: str,
+) -> int:
+    """Where the partition has landed, as ingest resumes (ingest.bronze.dead_letters): a dead letter below it lies in
+    the data table's past or in its run of dead letters, never after a record not landed yet."""
+    offset = tables.offsets(destination.rpartition(".")[2]).get(tp)
+    dead_offset = dead_offsets.get(tp, 0)
+    if offset is None:
+        return dead_letters_landed_up_to(dead_table, tp, dead_offset, destination)
+    return landed_up_to(dead_table, tp, offset, dead_offset, destination)
+
+
+def _raw_record(row: Mapping[str, Any]) -> RawRecord:
+    """The record as it arrived, from its dead letter."""
+    kafka_ts = row["_cdc_kafka_ts"]
+    headers = row["_cdc_headers"]
+    return RawRecord(
+        topic=str(row["_cdc_topic"]),
+        partition=int(row["_cdc_partition"]),
+        offset=int(row["_cdc_offset"]),
+        timestamp_ms=None if kafka_ts is None else (kafka_ts - _EPOCH) // dt.timedelta(milliseconds=1),
+        key=row["_cdc_raw_key"],
+        value=row["_cdc_raw_value"],
+        headers=None if headers is None else [(header["key"], header["value"]) for header in headers],
+    )
+
+
+def _chunks(records: list[RawRecord], size: int) -> Iterable[list[RawRecord]]:
+    for start in range(0, len(records), size):
+        yield records[start : start + size]
+
+
+def _drop_landed(tables: BronzeTables, taken: list[dict[str, Any]], result: ReplayResult) -> None:
+    """Step 2: the dead letters whose data table now holds them leave the dead-letter table (one commit)."""
+    by_destination: dict[str, list[dict[str, Any]]] = {}
+    for row in taken:
+        by_destination.setdefault(str(row["_cdc_destination"]), []).append(row)
+    landed: list[tuple[str, int, int, str]] = []
+    for destination, rows in by_destination.items():
+        table = tables.load(destination.rpartition(".")[2])
+        coordinates = pa.Table.from_pylist(
+            [{k: row[k] for k in ("_cdc_topic", "_cdc_partition", "_cdc_offset")} for row in rows]
+        )
+        held = set() if table is None else held_coordinates(table, coordinates)
+        for row in rows:
+            key = (str(row["_cdc_topic"]), int(row["_cdc_partition"]), int(row["_cdc_offset"]))
+            counts = result.topics[key[0]]
+            if key in held:
+                counts.landed += 1
+                landed.append((*key, destination))
+            else:
+                counts.still_dead += 1
+    if landed:
+        _delete_dead_letters(tables, landed)
+
+
+def _delete_dead_letters(tables: BronzeTables, landed: list[tuple[str, int, int, str]]) -> None:
+    """Delete these dead letters, retried from the table's latest state when another writer committed meanwhile."""
+    equal: Any = EqualTo
+    in_: Any = In
+    both: Any = And
+    parts: dict[tuple[str, int, str], list[int]] = {}
+    for topic, partition, offset, destination in landed:
+        parts.setdefault((topic, partition, destination), []).append(offset)
+    conditions = [
+        both(
+            both(equal("_cdc_topic", topic), equal("_cdc_partition", partition)),
+            both(equal("_cdc_destination", destination), in_("_cdc_offset", sorted(offsets))),
+        )
+        for (topic, partition, destination), offsets in sorted(parts.items())
+    ]
+    condition = conditions[0] if len(conditions) == 1 else Or(*conditions)
+    delay = 0.05
+    for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+        table = tables.load(DEAD_LETTER_TABLE)
+        assert table is not None
+        # pyiceberg must not retry by itself: it would re-base this delete's rewritten files on another writer's
+        # (a compaction's) without reading them again. As for ingest's commits (BronzeTables._commit_once).
+        table.metadata = table.metadata.model_copy(
+            update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
+        )
+        try:
+            with warnings.catch_warnings():  # the table asks for merge-on-read deletes, which pyiceberg cannot write
+                warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
+                table.delete(delete_filter=condition, snapshot_properties={"cdclake.replayed": str(len(landed))})
+            return
+        except (CommitFailedException, OperationalError) as exc:
+            if attempt == _COMMIT_ATTEMPTS:
+                raise CommitError(
+                    f"{tables.identifier(DEAD_LETTER_TABLE)}: deleting {len(landed)} replayed dead letter(s) failed "
+                    f"{attempt} times (they are in their data tables: run the replay again), last: {exc}"
+                ) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
