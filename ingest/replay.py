@@ -68,11 +68,7 @@ class TopicReplay:
 
 @dataclass
 class ReplayResult:
-    topics: dict[str, TopicReplay] = field(default_factory=dict)
-
-    @property
-    def landed(self) -> int:
-        return sum(topic.landed for topic in self.topics.values())
+    topics: dict[str, TopicReplay] = field(default_factory=dict)  # those with dead letters, of those asked for
 
 
 class _NoSource:
@@ -98,51 +94,72 @@ class _NoSource:
 
 
 def replay_dead_letters(settings: Settings, tables: BronzeTables, topics: Iterable[str] = ()) -> ReplayResult:
-    """Land again the dead letters of ``topics`` (all, when none) that decode now; see the module's docstring."""
+    """Land again the dead letters of ``topics`` (all, when none) that decode now; see the module's docstring.
+    One topic at a time: only its dead letters (raw bytes included) are held in memory."""
     result = ReplayResult()
     dead_table = tables.load(DEAD_LETTER_TABLE)
     if dead_table is None or dead_table.current_snapshot() is None:
         return result
-    wanted = sorted(set(topics))
-    in_: Any = In
-    condition = in_("_cdc_topic", wanted) if wanted else None
-    scan = dead_table.scan(row_filter=condition) if condition is not None else dead_table.scan()
-    letters = scan.to_arrow().sort_by(
-        [("_cdc_topic", "ascending"), ("_cdc_partition", "ascending"), ("_cdc_offset", "ascending")]
-    )
-    if not letters.num_rows:
-        return result
+    held = dead_table.scan(selected_fields=("_cdc_topic",)).to_arrow()["_cdc_topic"].unique().to_pylist()
+    wanted = sorted(set(topics) & set(held)) if topics else sorted(held)
     pipeline = Pipeline(settings.ingest, tables, _NoSource(), fast_path=False, replaying=True)
     dead_offsets = decode_offsets(dead_table.properties.get(OFFSETS_PROPERTY))
+    equal: Any = EqualTo
+    for topic in wanted:
+        letters = dead_table.scan(row_filter=equal("_cdc_topic", topic)).to_arrow()
+        letters = letters.sort_by([("_cdc_partition", "ascending"), ("_cdc_offset", "ascending")])
+        counts = result.topics[topic] = TopicReplay()
+        taken = _replayable(tables, dead_table, dead_offsets, pipeline.table_for(topic), letters, counts)
+        if not taken:
+            continue
+        log.info("replaying %d dead letter(s) of %s", len(taken), topic, extra={"topic": topic})
+        started = time.monotonic()
+        ingested_at = dt.datetime.now(dt.UTC)
+        for chunk in _chunks([_raw_record(row) for row in taken], 1000):
+            pipeline.accept_batch(chunk, ingested_at)
+            if pipeline.flush_due():
+                pipeline.flush()
+        pipeline.flush()
+        _drop_landed(tables, taken, counts)
+        log.info(
+            "%s: %d landed, %d still dead letters (%.1f s)",
+            topic,
+            counts.landed,
+            counts.still_dead,
+            time.monotonic() - started,
+            extra={"topic": topic},
+        )
+    return result
+
+
+def _replayable(
+    tables: BronzeTables,
+    dead_table: Table,
+    dead_offsets: Mapping[tuple[str, int], int],
+    table_name: str,
+    letters: pa.Table,
+    counts: TopicReplay,
+) -> list[dict[str, Any]]:
+    """A topic's dead letters that a replay may take (the others counted in ``counts``): those meant for the table
+    its records go to now, and landed past (below where the partition has landed)."""
+    destination = tables.identifier(table_name)
     taken: list[dict[str, Any]] = []
-    landed_to: dict[tuple[str, int, str], int] = {}
+    landed_to: dict[int, int] = {}
     for row in letters.to_pylist():
-        topic, partition, destination = str(row["_cdc_topic"]), int(row["_cdc_partition"]), str(row["_cdc_destination"])
-        counts = result.topics.setdefault(topic, TopicReplay())
-        if destination != tables.identifier(pipeline.table_for(topic)):
+        if row["_cdc_destination"] != destination:
             counts.mapped_elsewhere += 1
             continue
-        end = landed_to.get((topic, partition, destination))
+        partition = int(row["_cdc_partition"])
+        end = landed_to.get(partition)
         if end is None:
-            end = landed_to[(topic, partition, destination)] = _landed_end(
-                tables, dead_table, dead_offsets, (topic, partition), destination
+            end = landed_to[partition] = _landed_end(
+                tables, dead_table, dead_offsets, (str(row["_cdc_topic"]), partition), destination
             )
         if row["_cdc_offset"] >= end:
             counts.waiting += 1
             continue
         taken.append(row)
-    if not taken:
-        return result
-    started = time.monotonic()
-    ingested_at = dt.datetime.now(dt.UTC)
-    for chunk in _chunks([_raw_record(row) for row in taken], 1000):
-        pipeline.accept_batch(chunk, ingested_at)
-        if pipeline.flush_due():
-            pipeline.flush()
-    pipeline.flush()
-    log.info("replayed %d dead letter(s) in %.1f s", len(taken), time.monotonic() - started)
-    _drop_landed(tables, taken, result)
-    return result
+    return taken
 
 
 def _landed_end(
@@ -181,26 +198,22 @@ def _chunks(records: list[RawRecord], size: int) -> Iterable[list[RawRecord]]:
         yield records[start : start + size]
 
 
-def _drop_landed(tables: BronzeTables, taken: list[dict[str, Any]], result: ReplayResult) -> None:
-    """Step 2: the dead letters whose data table now holds them leave the dead-letter table (one commit)."""
-    by_destination: dict[str, list[dict[str, Any]]] = {}
-    for row in taken:
-        by_destination.setdefault(str(row["_cdc_destination"]), []).append(row)
+def _drop_landed(tables: BronzeTables, taken: list[dict[str, Any]], counts: TopicReplay) -> None:
+    """Step 2: the dead letters (of one topic, one destination) that their data table now holds leave the
+    dead-letter table, in one commit."""
+    destination = str(taken[0]["_cdc_destination"])
+    table = tables.load(destination.rpartition(".")[2])
+    coordinates = pa.Table.from_pylist(
+        [{k: row[k] for k in ("_cdc_topic", "_cdc_partition", "_cdc_offset")} for row in taken]
+    )
+    held = set() if table is None else held_coordinates(table, coordinates)
     landed: list[tuple[str, int, int, str]] = []
-    for destination, rows in by_destination.items():
-        table = tables.load(destination.rpartition(".")[2])
-        coordinates = pa.Table.from_pylist(
-            [{k: row[k] for k in ("_cdc_topic", "_cdc_partition", "_cdc_offset")} for row in rows]
-        )
-        held = set() if table is None else held_coordinates(table, coordinates)
-        for row in rows:
-            key = (str(row["_cdc_topic"]), int(row["_cdc_partition"]), int(row["_cdc_offset"]))
-            counts = result.topics[key[0]]
-            if key in held:
-                counts.landed += 1
-                landed.append((*key, destination))
-            else:
-                counts.still_dead += 1
+    for row in taken:
+        key = (str(row["_cdc_topic"]), int(row["_cdc_partition"]), int(row["_cdc_offset"]))
+        if key in held:
+            landed.append((*key, destination))
+    counts.landed += len(landed)
+    counts.still_dead += len(taken) - len(landed)
     if landed:
         _delete_dead_letters(tables, landed)
 
