@@ -713,8 +713,9 @@ class Pipeline:
         if name is None:
             name = self._route(record.topic)
         tp = (record.topic, record.partition)
+        committed = self._offsets(name)  # loads the table's state (schema, layout) the checks below read
         if not self._replaying and (
-            record.offset < self._offsets(name).get(tp, -1) or self._dead_lettered(name, tp, record.offset)
+            record.offset < committed.get(tp, -1) or self._dead_lettered(name, tp, record.offset)
         ):
             self._skip("replay")
             return

@@ -36,7 +36,7 @@ from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
 from sqlalchemy.exc import OperationalError
 
-from ingest.bronze.dead_letters import dead_letters_landed_up_to, landed_up_to
+from ingest.bronze.dead_letters import landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import (
     OFFSETS_PROPERTY,
@@ -62,7 +62,7 @@ class TopicReplay:
 
     landed: int = 0  # now in their data table (this replay's, or an earlier one's that died before step 2)
     still_dead: int = 0  # failed again
-    waiting: int = 0  # after a gap in their partition: replayed once ingest has landed the records before them
+    waiting: int = 0  # after records their partition has not landed (a gap, or none yet): replayed once it has
     mapped_elsewhere: int = 0  # ingest.table_mapping sends their topic to another table now
 
 
@@ -172,10 +172,12 @@ def _landed_end(
     """Where the partition has landed, as ingest resumes (ingest.bronze.dead_letters): a dead letter below it lies in
     the data table's past or in its run of dead letters, never after a record not landed yet."""
     offset = tables.offsets(destination.rpartition(".")[2]).get(tp)
-    dead_offset = dead_offsets.get(tp, 0)
     if offset is None:
-        return dead_letters_landed_up_to(dead_table, tp, dead_offset, destination)
-    return landed_up_to(dead_table, tp, offset, dead_offset, destination)
+        # No record of the partition in its table yet: whether those before its first dead letter have landed is
+        # not known (a flush whose data commit is pending or failed), and moving the table's offset past them
+        # would lose them. Its dead letters wait until one lands.
+        return -1
+    return landed_up_to(dead_table, tp, offset, dead_offsets.get(tp, 0), destination)
 
 
 def _raw_record(row: Mapping[str, Any]) -> RawRecord:

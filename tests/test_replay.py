@@ -123,7 +123,7 @@ def test_dead_letters_after_a_gap_wait_for_it(tmp_path: Path) -> None:
     gap_dead.delete(delete_filter=f"_cdc_offset = {N}")
     clamped = make_settings(tmp_path / "gap", ingest={"infinite_timestamps": "clamp"})
     output = replay(clamped)
-    assert output.startswith(f"{TOPIC}: 4 landed, 0 still dead letters, 3 wait for the records before them"), output
+    assert output.startswith(f"{TOPIC}: 4 landed, 0 still dead letters, 3 wait: their partition has not"), output
     assert gap_tables.offsets(TABLE) == {(TOPIC, 0): N}  # not moved past the hole
     assert [row["_cdc_offset"] for row in bronze(clamped, DEAD_LETTER_TABLE)] == [N + 1, N + 2, N + 3]
     assert [row["_cdc_offset"] for row in bronze(clamped, TABLE)] == list(range(N))
@@ -157,3 +157,54 @@ def test_a_replay_killed_between_its_commits_is_finished_by_the_next(
     assert not bronze(clamped, DEAD_LETTER_TABLE)
     dead_offsets = decode_offsets(tables.load(DEAD_LETTER_TABLE).properties.get(OFFSETS_PROPERTY))  # type: ignore[union-attr]
     assert dead_offsets == {(TOPIC, 0): 4}  # the dead-letter table's own offsets stay as they were
+
+
+def test_a_partition_with_nothing_landed_yet_waits(tmp_path: Path) -> None:
+    """Every record of the partition so far a dead letter: whether records before the first of them are still on
+    their way (a flush whose data commit is pending) is not known, and landing them would move the table's offset
+    past those. They wait until a record of the partition lands."""
+    settings = make_settings(tmp_path / "lake")
+    ingest_file(settings, validity_dump(tmp_path / "infinite.jsonl", range(4)))
+    assert not load_catalog(settings).table_exists(f"bronze.{TABLE}")
+    clamped = make_settings(tmp_path / "lake", ingest={"infinite_timestamps": "clamp"})
+    waiting = "4 wait: their partition has not landed the records before them yet"
+    assert replay(clamped) == f"{TOPIC}: 0 landed, 0 still dead letters, {waiting}\n"
+    assert len(bronze(clamped, DEAD_LETTER_TABLE)) == 4
+    ingest_file(clamped, validity_dump(tmp_path / "more.jsonl", range(N)))  # lands what follows
+    assert replay(clamped) == f"{TOPIC}: 4 landed, 0 still dead letters\n"
+    assert [row["_cdc_offset"] for row in bronze(clamped, TABLE)] == list(range(N))
+
+
+def _as_text(schema: Any, column: str) -> None:
+    """The Connect schema with ``column`` typed as a string wherever a struct has it."""
+    if isinstance(schema, dict):
+        for field in schema.get("fields") or []:
+            if field.get("field") == column:
+                field.clear()
+                field.update({"type": "string", "optional": True, "field": column})
+            else:
+                _as_text(field, column)
+
+
+def test_a_mapped_topics_record_that_still_conflicts_stays_a_dead_letter(tmp_path: Path) -> None:
+    """A record whose column type conflicts with its table's (`on_type_conflict: dead_letter`), of a topic that
+    `ingest.table_mapping` sends to a table: replayed, it fails the same check and stays; the replay goes on."""
+    changes = _changes()
+    finite = [orjson.dumps({**change, "offset": offset}) for offset, change in enumerate(changes[4:])]
+    conflicting = orjson.loads(changes[4]["payload"])
+    _as_text(conflicting["schema"], "valid_from")
+    for image in ("before", "after"):
+        if conflicting["payload"].get(image):
+            conflicting["payload"][image]["valid_from"] = "a text now"
+    last = {**changes[4], "offset": len(finite), "payload": orjson.dumps(conflicting).decode()}
+    dump = tmp_path / "dump.jsonl"
+    dump.write_bytes(b"\n".join([*finite, orjson.dumps(last)]) + b"\n")
+    sections = {"ingest": {"table_mapping": {TOPIC: "validity"}, "on_type_conflict": "dead_letter"}}
+    settings = make_settings(tmp_path / "lake", **sections)
+    ingest_file(settings, dump)
+    [dead] = bronze(settings, DEAD_LETTER_TABLE)
+    assert "valid_from" in dead["_cdc_error"], dead["_cdc_error"]
+    assert replay(settings) == f"{TOPIC}: 0 landed, 1 still dead letters\n" + (
+        "the log names why each still fails; `cdclake status` shows the latest reason per topic\n"
+    )
+    assert len(bronze(settings, "validity")) == len(finite)

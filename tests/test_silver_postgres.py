@@ -24,6 +24,7 @@ from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import BronzeTables
 from ingest.dbt_runner import run_dbt
 from ingest.lakehouse import load_catalog
+from ingest.replay import replay_dead_letters
 from ingest.scaffold import scaffold
 from tests.conftest import FIXTURES
 from tests.silver_harness import SilverHarness, without_schema
@@ -141,7 +142,8 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
     schemaless = recorded("toast.jsonl", "pgreal_toastjson", schemas=False)
     harness.land_lines("toastjson-snapshot", schemaless[: len(snapshot)], dumps, ingest)
     # TRUNCATE: the first unit ends before the first one, the second holds it, the third the one inside a
-    # transaction. PostgreSQL's infinite dates and timestamps: landed as `infinite_timestamps: clamp` lands them.
+    # transaction. PostgreSQL's infinite dates and timestamps: dead letters at first (the default), landed by
+    # `cdclake replay-dead-letters` with `infinite_timestamps: clamp` after the first build.
     truncated = recorded("truncate.jsonl", "pgreal_trunc")
     truncate_units = [
         truncated[: first_op(truncated, "t")],
@@ -149,8 +151,7 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
     ]
     truncate_units.append(truncated[first_op(truncated, "u") :])
     harness.land_lines("truncate-0", truncate_units[0], dumps, ingest)
-    clamped = ingest.model_copy(update={"infinite_timestamps": "clamp"})
-    harness.land_lines("infinity", recorded("infinity.jsonl", "pgreal_unbounded"), dumps, clamped)
+    harness.land_lines("infinity", recorded("infinity.jsonl", "pgreal_unbounded"), dumps, ingest)
     tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
     report = scaffold(tables, harness.project, select="pgreal_*")
     models = sorted(path.stem for path in report.written if path.suffix == ".sql")
@@ -174,10 +175,13 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> S
             f"select * from {{{{ source('bronze', '{models[-1]}') }}}}\n"
         )
     models.append(models[-1] + "_history")
-    streamed_models = [model for model in models if not model.startswith(("pgreal_main", "pgreal_unbounded"))]
+    streamed_models = [model for model in models if not model.startswith("pgreal_main")]
     # The scaffolded data tests run too: keys unique, equals a recomputation, no key whose last change deletes it.
     # Two models at a time (`--threads`): their runs share one SparkSession and commit to one catalog.
     assert run_dbt(harness.settings, ["build", "--select", *models, "--threads", "2"]), "dbt build failed"
+    clamped = harness.settings.model_copy(update={"ingest": ingest.model_copy(update={"infinite_timestamps": "clamp"})})
+    replayed = replay_dead_letters(clamped, tables, ["pgreal_unbounded.inventory.validity"])
+    assert replayed.topics["pgreal_unbounded.inventory.validity"].landed == 4  # silver applies them as late changes
     held = [["1,a", "2,b", "3,c"], ["1,a2", "4,d"]]  # silver of the truncated table after each unit but the last
     for part in (0, 1):
         assert [f"{r['id']},{r['name']}" for r in harness.rows("silver.pgreal_trunc_inventory_items")] == held[part]
@@ -215,7 +219,8 @@ def test_silver_equals_what_postgresql_held(built: SilverHarness, prefix: str, t
 
 
 def test_postgres_infinity_clamped_in_bronze_reaches_silver(built: SilverHarness) -> None:
-    """With `infinite_timestamps: clamp`, PostgreSQL's infinity is the last instant Spark reads and -infinity the
+    """Dead letters first, then replayed (`cdclake replay-dead-letters`) with `infinite_timestamps: clamp` after
+    silver had applied the other changes: PostgreSQL's infinity is the last instant Spark reads and -infinity the
     first, through dbt and Spark to silver (timestamptz as text: pyspark cannot make 0001-01-01T00:00:00Z a Python
     datetime)."""
     expected = orjson.loads((RECORDED / STATES["pgreal_unbounded"]).read_bytes())["validity"]

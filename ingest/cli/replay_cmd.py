@@ -26,7 +26,7 @@ def replay_dead_letters(ctx: click.Context, topics: tuple[str, ...]) -> int:
     for topic, counts in sorted(result.topics.items()):
         parts = [f"{counts.landed:,} landed", f"{counts.still_dead:,} still dead letters"]
         if counts.waiting:
-            parts.append(f"{counts.waiting:,} wait for the records before them to land (ingest reads those again)")
+            parts.append(f"{counts.waiting:,} wait: their partition has not landed the records before them yet")
         if counts.mapped_elsewhere:
             parts.append(f"{counts.mapped_elsewhere:,} left: ingest.table_mapping sends the topic to another table now")
         click.echo(f"{topic}: {', '.join(parts)}")
