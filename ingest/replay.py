@@ -16,8 +16,9 @@ Exactly once, in two commits per table, each safe to repeat:
 
 A replay killed between the two leaves records in both tables; the next replay finds them in their data table
 and only drops them as dead letters. Only records a partition has landed past are taken: dead letters after a
-gap (records of a flush whose data commit failed, which ingest reads again) wait for it. A running ingester is no
-obstacle: each commit is checked against the very table state it lands on, and offsets only move forward.
+gap (records of a flush whose data commit failed, which ingest reads again), or of a partition with no record in
+its table yet, wait until ingest has landed past them. A running ingester is no obstacle: each commit is checked
+against the very table state it lands on, and offsets only move forward.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def _add_latest_errors(table: Table, row_filter: BooleanExpression, counts: dict
     if not times:
         return
     in_: Any = In
-    recent = And(row_filter, in_(INGESTED_AT_COLUMN, sorted(time.isoformat() for time in times)))
+    recent = And(row_filter, in_(INGESTED_AT_COLUMN, sorted(when.isoformat() for when in times)))
     fields = ("_cdc_destination", "_cdc_topic", INGESTED_AT_COLUMN, "_cdc_offset", "_cdc_error_kind", "_cdc_error")
     rows = table.scan(row_filter=recent, selected_fields=fields).to_arrow().to_pylist()
     for row in sorted(rows, key=lambda row: (row[INGESTED_AT_COLUMN], row["_cdc_offset"])):  # the last one wins
