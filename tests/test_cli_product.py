@@ -419,6 +419,7 @@ def test_a_partition_or_topic_of_dead_letters_only_is_shown(lakehouse: Path) -> 
     shown = " ".join(invoke(["--config", str(Path(settings.base_dir) / "cdclake.yml"), "status"]).stdout.split())
     assert f"dead letters: 2 from i.s.t -> bronze.i_s_t; the latest: {error}" in shown, shown
     assert f"dead letters: 1 from o.s.t (no bronze table); the latest: {error}" in shown, shown
+    assert "after a fix, `cdclake replay-dead-letters` lands those that decode then" in shown, shown
     # Only while they keep coming: those of a table since dropped or mapped elsewhere made every status stale.
     later = status.generated_at + dt.timedelta(hours=2)
     assert [problem for problem in stale_problems(status, 3600, now=later) if "o.s.t" in problem] == []

@@ -192,6 +192,8 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
     for topic, count in status.dead_letters_without_table.items():
         reason = _latest_reason(status.dead_letters_without_table_latest_error.get(topic))
         console.print(Text(f"dead letters: {count:,} from {topic} (no bronze table){reason}", style="red"))
+    if status.dead_letters_without_table or any(table.dead_letters for table in status.tables):
+        console.print("after a fix, `cdclake replay-dead-letters` lands those that decode then")
     for topic, count in status.topics_without_table.items():
         console.print(Text(f"not landed: {count:,} record(s) of {topic} (no bronze table)", style="red"))
     for name in idle_tables(status, stale_after):
