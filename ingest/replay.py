@@ -94,9 +94,12 @@ class _NoSource:
         return None
 
 
-def replay_dead_letters(settings: Settings, tables: BronzeTables, topics: Iterable[str] = ()) -> ReplayResult:
+def replay_dead_letters(
+    settings: Settings, tables: BronzeTables, topics: Iterable[str] = (), *, dry_run: bool = False
+) -> ReplayResult:
     """Land again the dead letters of ``topics`` (all, when none) that decode now; see the module's docstring.
-    One topic at a time: only its dead letters (raw bytes included) are held in memory."""
+    One topic at a time: only its dead letters (raw bytes included) are held in memory. ``dry_run``: decode and
+    check them only, commit nothing (``landed`` counts those that would land)."""
     result = ReplayResult()
     dead_table = tables.load(DEAD_LETTER_TABLE)
     if dead_table is None or dead_table.current_snapshot() is None:
@@ -116,10 +119,16 @@ def replay_dead_letters(settings: Settings, tables: BronzeTables, topics: Iterab
         log.info("replaying %d dead letter(s) of %s", len(taken), topic, extra={"topic": topic})
         started = time.monotonic()
         ingested_at = dt.datetime.now(dt.UTC)
+        if dry_run:  # a pipeline of its own, whose buffer is never committed
+            pipeline = Pipeline(settings.ingest, tables, _NoSource(), fast_path=False, replaying=True)
         for chunk in _chunks([_raw_record(row) for row in taken], 1000):
             pipeline.accept_batch(chunk, ingested_at)
-            if pipeline.flush_due():
+            if pipeline.flush_due() and not dry_run:
                 pipeline.flush()
+        if dry_run:
+            counts.still_dead = pipeline.stats.dead_letters
+            counts.landed = len(taken) - counts.still_dead
+            continue
         pipeline.flush()
         _drop_landed(tables, taken, counts)
         log.info(

@@ -67,6 +67,17 @@ def test_dead_letters_that_decode_after_a_fix_land_once(lakehouse: Path, tmp_pat
     assert len(bronze(settings, TABLE)) == 2 * (N - 4)
 
     clamped = make_settings(lakehouse, ingest={"infinite_timestamps": "clamp"})
+    snapshots = {
+        name: len(load_catalog(clamped).load_table(f"bronze.{name}").snapshots()) for name in (TABLE, DEAD_LETTER_TABLE)
+    }
+    assert replay(
+        clamped, "--dry-run"
+    ) == f"{TOPIC}: 8 would land, 1 still dead letters\ndry run: nothing was committed\n" + (
+        "the log names why each still fails; `cdclake status` shows the latest reason per topic\n"
+    )
+    assert {
+        name: len(load_catalog(clamped).load_table(f"bronze.{name}").snapshots()) for name in snapshots
+    } == snapshots
     assert replay(clamped) == f"{TOPIC}: 8 landed, 1 still dead letters\n" + (
         "the log names why each still fails; `cdclake status` shows the latest reason per topic\n"
     )
