@@ -449,7 +449,7 @@ def _not_held(table: Table, data: pa.Table) -> pa.Table:
     """``data`` without the rows whose coordinates ``table`` holds already."""
     if not data.num_rows or table.current_snapshot() is None:
         return data
-    held = held_coordinates(table, data)
+    held = held_coordinates(table, data.select(["_cdc_topic", "_cdc_partition", "_cdc_offset"]))
     if not held:
         return data
     keep = [
