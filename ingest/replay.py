@@ -41,10 +41,11 @@ from ingest.bronze.dead_letters import landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE
 from ingest.bronze.tables import (
     OFFSETS_PROPERTY,
-    PYICEBERG_COMMIT_RETRIES,
+    REPLAYED_PROPERTY,
     BronzeTables,
     decode_offsets,
     held_coordinates,
+    without_pyiceberg_retries,
 )
 from ingest.config import Settings
 from ingest.debezium.envelope import RawRecord
@@ -250,15 +251,12 @@ def _delete_dead_letters(tables: BronzeTables, landed: list[tuple[str, int, int,
     for attempt in range(1, _COMMIT_ATTEMPTS + 1):
         table = tables.load(DEAD_LETTER_TABLE)
         assert table is not None
-        # pyiceberg must not retry by itself: it would re-base this delete's rewritten files on another writer's
-        # (a compaction's) without reading them again. As for ingest's commits (BronzeTables._commit_once).
-        table.metadata = table.metadata.model_copy(
-            update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
-        )
+        # Its rewritten files must not be re-based on another writer's (a compaction's) without reading them again.
+        without_pyiceberg_retries(table)
         try:
             with warnings.catch_warnings():  # the table asks for merge-on-read deletes, which pyiceberg cannot write
                 warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
-                table.delete(delete_filter=condition, snapshot_properties={"cdclake.replayed": str(len(landed))})
+                table.delete(delete_filter=condition, snapshot_properties={REPLAYED_PROPERTY: str(len(landed))})
             return
         except (CommitFailedException, OperationalError) as exc:
             if attempt == _COMMIT_ATTEMPTS:

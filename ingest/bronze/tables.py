@@ -59,7 +59,8 @@ UNAVAILABLE_UUID = str(
 # What it puts in an hstore column with hstore.handling.mode=json (the default; a map of it to itself, DBZ-7582).
 UNAVAILABLE_HSTORE_JSON = orjson.dumps({UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}).decode()
 MOVED_FROM_HEADER = "__debezium.oldkey"  # the Kafka header of a primary-key change's create
-# Snapshot summary of a commit that landed dead letters again (`cdclake replay-dead-letters`): how many.
+# Snapshot summary of a replay's commits (`cdclake replay-dead-letters`): how many dead letters a data table
+# landed, or the dead-letter table deleted as landed.
 REPLAYED_PROPERTY = "cdclake.replayed-dead-letters"
 # Read by pyiceberg from the table object it commits; set in memory only (see _commit_once), never stored.
 PYICEBERG_COMMIT_RETRIES = "commit.retry.num-retries"
@@ -317,9 +318,7 @@ class BronzeTables:
         # if another writer's commit landed meanwhile, and pyiceberg must not retry by itself: its retry re-bases
         # the append on the new metadata but keeps these stale offsets (they would overwrite the other writer's)
         # and these rows (which it may have committed too). Our loop in commit() retries from scratch instead.
-        table.metadata = table.metadata.model_copy(
-            update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
-        )
+        without_pyiceberg_retries(table)
         # The crash test kills the process between these two lines (data files written, catalog not yet updated).
         log.debug("committing %s: %d rows", self.identifier(batch.name), data.num_rows)
         summary = {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id}
@@ -420,6 +419,14 @@ def _unwritten_rows(
         held = dead_lettered_offsets(table, topic, partition, min(offsets), max(offsets) + 1, destination)
         fresh.extend(row for row, offset in zip(candidates, offsets, strict=True) if offset not in held)
     return fresh
+
+
+def without_pyiceberg_retries(table: Table) -> None:
+    """Make pyiceberg commit ``table`` once, not retry by itself on a conflict: it would re-base the commit on the
+    new metadata without computing it again (set in memory only, never stored). The caller retries from scratch."""
+    table.metadata = table.metadata.model_copy(
+        update={"properties": {**table.metadata.properties, PYICEBERG_COMMIT_RETRIES: "0"}}
+    )
 
 
 def held_coordinates(table: Table, coordinates: pa.Table) -> set[tuple[str, int, int]]:
