@@ -1324,6 +1324,14 @@ BAD_OPTIONS = {
     "tblproperties='zstd'": "tblproperties must be a mapping of table property names to values, not 'zstd'",
     "tblproperties={'cdclake.applied_position': '{}'}": "tblproperties may not set cdclake.applied_position: the "
     "cdclake.* properties are the state of silver's runs",
+    "complete_transactions=true": "complete_transactions must name the bronze table of the connector's transaction "
+    "topic ('dbserver1_transaction', or 'schema.table'), not True",
+    "complete_transactions='t', transaction_timeout_minutes='1h'": "transaction_timeout_minutes must be a whole "
+    "number of minutes, not '1h'",
+    "transaction_timeout_minutes=5": "transaction_timeout_minutes applies to complete_transactions, which the model "
+    "does not set",
+    "complete_transactions='bronze.nothing_here'": "complete_transactions names bronze.nothing_here, which does not "
+    "exist: it is the bronze table of the connector's transaction topic",
 }
 
 

@@ -45,6 +45,17 @@
   {%- if value is not none and config.get('history') == 'scd2' -%}
     {{ exceptions.raise_compiler_error(prefix ~ "tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
   {%- endif -%}
+  {%- set value = config.get('transaction_timeout_minutes') -%}
+  {%- if value is not none and (value is boolean or not (value is integer or (value is string and value.isdigit()))) -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "transaction_timeout_minutes must be a whole number of minutes, not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
+  {%- if value is not none and config.get('complete_transactions') is none -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "transaction_timeout_minutes applies to complete_transactions, which the model does not set") }}
+  {%- endif -%}
+  {%- set value = config.get('complete_transactions') -%}
+  {%- if value is not none and (value is not string or value == '' or value.split('.') | length > 2) -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "complete_transactions must name the bronze table of the connector's transaction topic ('dbserver1_transaction', or 'schema.table'), not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
   {%- for option in ['exclude_changes', 'batch_catalog', 'unavailable_value'] -%}
     {%- set value = config.get(option) -%}
     {%- if value is not none and (value is not string or (value == '' and option != 'unavailable_value')) -%}
@@ -86,7 +97,7 @@
   {%- if config.get('file_format') not in (none, 'iceberg') -%}
     {{ exceptions.warn(prefix ~ "file_format '" ~ config.get('file_format') ~ "' is ignored: silver tables are Iceberg tables") }}
   {%- endif -%}
-  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'broadcast_max_changes', 'batch_catalog', 'history', 'on_schema_change', 'partition_by', 'tblproperties'] -%}
+  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'broadcast_max_changes', 'batch_catalog', 'history', 'on_schema_change', 'partition_by', 'tblproperties', 'complete_transactions', 'transaction_timeout_minutes'] -%}
   {#- `key` for `keys` too; below four letters only that one (dbt's own short configs, `alias` and the like, are longer). -#}
   {%- for name in cdclake.set_options() if name not in known and (name | length >= 4 or name | lower == 'key') -%}
     {#- Names whose lengths differ by more than two are more than two edits apart: not compared. -#}

@@ -11,7 +11,7 @@
 -#}
 {% macro forget_replaced_state(target, tombstones, history, delete_mode, kept) -%}
   {%- set stale = [] -%}
-  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before', 'cdclake.refresh_pending'] + (['cdclake.history'] if history == 'current' else []) + (['cdclake.partition_by'] if config.get('partition_by') is none else []) if name not in kept -%}
+  {%- for name in ['cdclake.applied_position', 'cdclake.truncated_before', 'cdclake.held_transactions', 'cdclake.refresh_pending'] + (['cdclake.history'] if history == 'current' else []) + (['cdclake.partition_by'] if config.get('partition_by') is none else []) if name not in kept -%}
     {% do stale.append("'" ~ name ~ "'") %}
   {%- endfor -%}
   {%- if stale %}{% do run_query('alter table ' ~ target ~ ' unset tblproperties if exists (' ~ stale | join(', ') ~ ')') %}{% endif -%}

@@ -114,6 +114,14 @@
   {%- set start = properties.get('cdclake.bronze_snapshot_id') -%}
   {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
   {%- set end = snapshots.end -%}
+  {#- Changes held for transactions not complete then (complete_transactions, transactions.sql): bronze is read
+      again from where their unit began, even with nothing new in bronze (their END lands in another table). -#}
+  {%- set held = cdclake.held_transactions(properties) -%}
+  {%- if held is not none and end is not none -%}
+    {%- set start = held.get('from') -%}
+    {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
+    {%- set end = snapshots.end -%}
+  {%- endif -%}
   {%- if end is not none and start is not none and start != end and not snapshots.start_known -%}
     {{ log("cdclake: bronze snapshot " ~ start ~ " applied by " ~ identifier ~ " has been expired; re-reading all of " ~ bronze, info=true) }}
     {%- set start = none -%}
@@ -136,7 +144,8 @@
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set changes = completed.changes -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
     {%- set layout = cdclake.evolve_silver_schema(target, tombstones, layout, sql | replace(bronze | string, changes), delete_mode, properties) if existing is not none else layout -%}
@@ -152,13 +161,14 @@
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
     {%- if truncates.stored and truncates.stored != properties.get('cdclake.truncated_before') %}{% set recorded = recorded ~ ", 'cdclake.truncated_before' = '" ~ truncates.stored ~ "'" %}{% endif -%}
-    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ ")") %}
-    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, ['cdclake.truncated_before'] if truncates.stored else []) %}{% endif -%}
+    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed) ~ ")") %}
+    {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, (['cdclake.truncated_before'] if truncates.stored else []) + (['cdclake.held_transactions'] if completed.held else [])) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set changes = cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set changes = completed.changes -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
         bronze column (docs/silver.md). -#}
@@ -267,7 +277,7 @@
       {%- endif -%}
     {%- endif -%}
     {% do cdclake.drop_folded_images(layout, folded) %}
-    {%- set updates = [cdclake.applied_snapshot_properties(snapshots) ~ cdclake.signature_property(layout, properties)] -%}
+    {%- set updates = [cdclake.applied_snapshot_properties(snapshots) ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed)] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
     {%- if existing is not none and run.schema != run.previous_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ run.schema ~ "'") %}{% endif -%}
@@ -276,7 +286,7 @@
     {%- if existing is not none and 'write.metadata.metrics.column._cdc_applied_at' not in properties %}{% do updates.append(cdclake.applied_at_metrics()) %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ updates | join(', ') ~ ")") %}
     {%- if replacing -%}
-      {%- set kept = (['cdclake.applied_position'] if new_position is not none else []) + (['cdclake.truncated_before'] if truncate else []) -%}
+      {%- set kept = (['cdclake.applied_position'] if new_position is not none else []) + (['cdclake.truncated_before'] if truncate else []) + (['cdclake.held_transactions'] if completed.held else []) -%}
       {% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, kept) %}
     {%- endif -%}
     {%- if existing is not none -%}

@@ -119,6 +119,16 @@
 {%- endmacro %}
 
 
+{#- The bronze rows a test recomputes from: those the model's `where` keeps (`bronze_where`), less the changes of
+    the transactions silver holds until they are complete (complete_transactions, transactions.sql). -#}
+{% macro tested_where(model, bronze, bronze_where) -%}
+  {%- set held = cdclake.held_transactions(cdclake.table_properties(model)) if execute else none -%}
+  {%- if held is none %}{{ return(bronze_where) }}{% endif -%}
+  {%- set kept = cdclake.held_changes_filter(cdclake.transaction_reading(bronze), held.ids) -%}
+  {{ return(kept if bronze_where is none else '(' ~ bronze_where ~ ') and ' ~ kept) }}
+{%- endmacro %}
+
+
 {#- The columns cdclake_equals_recompute compares with the winning change's image: the image columns silver's last
     run applied (its property cdclake.images; none for a table no run has written it to yet) that silver has and
     bronze's typed `after` names (not the model's extracted columns, not a document), as [{'name', 'field',
@@ -163,7 +173,7 @@
       {%- set value = 'after.' ~ cdclake.quote(column.field) %}
       case when {{ column.skip }} then null else named_struct('v', {% if column.type %}cast({{ value }} as {{ column.type }}){% else %}{{ value }}{% endif %}) end as _cdc_value_{{ loop.index0 }}
       {%- endfor %}
-    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) where _cdc_op <> 'd'
+    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), cdclake.tested_where(model, bronze, bronze_where)) }}) where _cdc_op <> 'd'
   ),
   actual as (
     select {{ key_list }}{{ shape.order }} as _cdc_order, _cdc_op
@@ -200,7 +210,7 @@
   {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
-  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where) }}) latest
+  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), cdclake.tested_where(model, bronze, bronze_where)) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
   where latest._cdc_op = 'd' and {{ shape.live }}
 {% endtest %}

@@ -1,0 +1,171 @@
+{#-
+  Config complete_transactions: apply a source transaction's changes only once all of them have landed (reference
+  §9 item 13; IBM CDC applies whole units of recovery). It names the bronze table of the connector's
+  transaction-metadata topic (`provide.transaction.metadata=true`: `<prefix>.transaction` lands in
+  `bronze.<prefix>_transaction`; `schema.table` for another schema).
+
+  A change whose `transaction` block names a transaction is held while bronze holds fewer of that transaction's
+  changes of this table (distinct `data_collection_order`s, so a replayed change counts once) than its END record
+  gives for the table's data collection, or while no END has landed. The END's data collection is the one named
+  `<schema>.<table>` (`<db>.<table>` or `<db>.<collection>` where the source has no schema), or ending in it:
+  Debezium prefixes it with the database (SQL Server, Oracle, Db2, Informix) or the replica set (MongoDB 1.x).
+  PostgreSQL's and Informix's transaction ids end in a position that differs between a transaction's events and its
+  END (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
+
+  A held change stays out of everything the run applies; the run records where its unit began, and the next run
+  reads bronze again from there (applying a change again is harmless: the ordering guard ignores it), so the held
+  changes are applied by the first run that finds their transaction complete: even when only the transaction
+  table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
+  transaction whose first change landed longer ago than that is applied as it is, with a warning (an END lost, or a
+  connector that counts otherwise). Without it a transaction that never completes holds its changes for good, each
+  run warning about it: changes of other transactions are applied meanwhile.
+-#}
+
+{#- The relation complete_transactions names (none without the option). Fails naming it when it does not exist. -#}
+{% macro transactions_relation(bronze) -%}
+  {%- set name = config.get('complete_transactions') -%}
+  {%- if name is none %}{{ return(none) }}{% endif -%}
+  {%- set parts = name.split('.') -%}
+  {%- set schema, identifier = (parts[0], parts[1]) if parts | length == 2 else (bronze.schema, name) -%}
+  {%- set relation = adapter.get_relation(database=bronze.database, schema=schema, identifier=identifier) -%}
+  {%- if relation is none -%}
+    {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': complete_transactions names " ~ schema ~ "." ~ identifier ~ ", which does not exist: it is the bronze table of the connector's transaction topic (<prefix>.transaction, with provide.transaction.metadata=true), which cdclake ingest must read too") }}
+  {%- endif -%}
+  {{ return(relation) }}
+{%- endmacro %}
+
+
+{#- How a bronze row's transaction is read, typed or schemaless: {'id', 'order' (data_collection_order),
+    'connector', 'collection' (its data collection as `<schema or db>.<table or collection>`)}. -#}
+{% macro transaction_reading(bronze) -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- if types.get('transaction', '').startswith('struct') -%}
+    {%- set id, order = 'transaction.id', 'transaction.data_collection_order' -%}
+  {%- else -%}
+    {%- set id = "get_json_object(transaction, '$.id')" -%}
+    {%- set order = "cast(get_json_object(transaction, '$.data_collection_order') as bigint)" -%}
+  {%- endif -%}
+  {%- set fields = cdclake.struct_field_names(bronze, 'source') if types.get('source', '').startswith('struct') else none -%}
+  {%- set source = {} -%}
+  {%- for name in ['connector', 'db', 'schema', 'table', 'collection'] -%}
+    {%- if fields is none -%}
+      {% do source.update({name: "get_json_object(source, '$." ~ name ~ "')"}) %}
+    {%- else -%}
+      {% do source.update({name: 'source.' ~ cdclake.quote(name) if name in fields else 'null'}) %}
+    {%- endif -%}
+  {%- endfor -%}
+  {{ return({'id': id, 'order': order, 'connector': source.connector,
+             'collection': "concat_ws('.', coalesce(" ~ source.schema ~ ", " ~ source.db ~ "), coalesce(" ~ source.table ~ ", " ~ source.collection ~ "))"}) }}
+{%- endmacro %}
+
+
+{#- How the transaction table's records are read: {'status', 'id', 'collections' (data_collections as an array of
+    structs)}. Typed, each is a column; without schemas (`schemas.enable=false`) the record is JSON text, `payload`. -#}
+{% macro end_records(transactions) -%}
+  {%- set types = cdclake.describe_columns(transactions) -%}
+  {%- set array = 'array<struct<data_collection:string,event_count:bigint>>' -%}
+  {%- if 'status' in types -%}
+    {%- set collections = 'data_collections' if types.get('data_collections', '').startswith('array') else "from_json(data_collections, '" ~ array ~ "')" -%}
+    {{ return({'status': 'status', 'id': 'id', 'collections': collections}) }}
+  {%- endif -%}
+  {{ return({'status': "get_json_object(payload, '$.status')", 'id': "get_json_object(payload, '$.id')",
+             'collections': "from_json(get_json_object(payload, '$.data_collections'), '" ~ array ~ "')"}) }}
+{%- endmacro %}
+
+
+{#- A transaction id as changes and END records of connector `connector` share it. -#}
+{% macro transaction_identity(id, connector) -%}
+  {{- "case when " ~ connector ~ " in ('postgresql', 'informix') then substring_index(" ~ id ~ ", ':', 1) else " ~ id ~ " end" -}}
+{%- endmacro %}
+
+
+{#- " where <not held>" for reads of bronze's rows, leaving out the changes of the transactions `ids`. -#}
+{% macro held_changes_filter(reading, ids) -%}
+  {%- set quoted = [] -%}
+  {%- for id in ids %}{% do quoted.append(cdclake.sql_string(id)) %}{% endfor -%}
+  {{- 'not coalesce(' ~ cdclake.transaction_identity(reading.id, reading.connector) ~ ' in (' ~ quoted | join(', ') ~ '), false)' -}}
+{%- endmacro %}
+
+
+{#- What silver recorded as held (cdclake.held_transactions): {'from': the bronze snapshot its unit began after
+    (none: all of bronze), 'ids': [...]}, or none when nothing is held. -#}
+{% macro held_transactions(properties) -%}
+  {%- set held = fromjson(properties.get('cdclake.held_transactions') or 'null') -%}
+  {{ return(held if held and held.get('ids') else none) }}
+{%- endmacro %}
+
+
+{#-
+  The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
+  {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
+  value to record (none when silver need not record one)}. `start`: the bronze snapshot the unit began after.
+-#}
+{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
+  {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
+  {%- set transactions = cdclake.transactions_relation(bronze) -%}
+  {%- if transactions is none or 'transaction' not in cdclake.describe_columns(bronze) -%}
+    {{ return({'changes': changes, 'held': [], 'property': recorded}) }}
+  {%- endif -%}
+  {%- set reading = cdclake.transaction_reading(bronze) -%}
+  {%- set identity = cdclake.transaction_identity(reading.id, reading.connector) -%}
+  {%- set ends = cdclake.end_records(transactions) -%}
+  {%- set timeout = config.get('transaction_timeout_minutes') -%}
+  {%- set incomplete -%}
+    with unit as (
+      select distinct {{ identity }} as tx from {{ changes }} where {{ reading.id }} is not null
+    ),
+    landed as (
+      select {{ identity }} as tx, {{ reading.connector }} as connector, {{ reading.collection }} as collection,
+        count(distinct {{ reading.order }}) as seen, min(_cdc_ingested_at) as first_landed
+      from {{ bronze }} version as of {{ end | int }}
+      where {{ reading.id }} is not null and {{ identity }} in (select tx from unit)
+      group by 1, 2, 3
+    ),
+    ends as (
+      select {{ ends.id }} as id, d.data_collection as collection, d.event_count as expected
+      from {{ transactions }} lateral view outer explode({{ ends.collections }}) listed as d
+      where {{ ends.status }} = 'END'
+    )
+    select * from (
+      select l.tx, l.collection, l.seen, count(e.id) as ends,
+        max(case when e.collection = l.collection or endswith(e.collection, '.' || l.collection) then e.expected end) as expected,
+        concat_ws(', ', sort_array(collect_set(e.collection))) as listed, cast(l.first_landed as string) as first_landed,
+        {% if timeout is not none %}l.first_landed < current_timestamp() - make_interval(0, 0, 0, 0, 0, {{ timeout | int }}, 0){% else %}false{% endif %} as timed_out
+      from landed l
+      left join ends e on {{ cdclake.transaction_identity('e.id', 'l.connector') }} = l.tx
+      group by l.tx, l.collection, l.seen, l.first_landed
+    ) where expected is null or seen < expected
+    order by first_landed, tx
+  {%- endset -%}
+  {%- set rows = run_query(incomplete).rows -%}
+  {%- set held = [] -%}
+  {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
+  {%- for row in rows -%}
+    {%- set tx, collection, seen, ended, matched, listed, first_landed, timed_out = row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7] -%}
+    {#- An END that names no data collection of this table: counting cannot work (a connector naming its data
+        collections otherwise), and holding would hold for good without saying why. -#}
+    {%- if ended > 0 and matched is none -%}
+      {{ exceptions.raise_compiler_error(prefix ~ "transaction " ~ tx ~ " has an END record in " ~ transactions ~ " but it lists no data collection named " ~ collection ~ " or ending in ." ~ collection ~ " (it lists " ~ (listed or 'none') ~ "), so complete_transactions cannot count this table's changes of it: leave the option out of this model") }}
+    {%- endif -%}
+    {%- set why = ('its END has not landed in ' ~ transactions) if ended == 0 else (seen ~ ' of its ' ~ matched ~ ' changes of ' ~ collection ~ ' have landed') -%}
+    {%- if timed_out -%}
+      {{ exceptions.warn(prefix ~ "transaction " ~ tx ~ " is incomplete (" ~ why ~ "); its first change landed at " ~ first_landed ~ ", over transaction_timeout_minutes=" ~ timeout ~ " ago: applying what has landed") }}
+    {%- else -%}
+      {%- if loop.index <= 5 -%}
+        {{ log("cdclake: " ~ model.alias ~ ": holding the changes of transaction " ~ tx ~ " (" ~ why ~ "; its first change landed at " ~ first_landed ~ ")", info=true) }}
+      {%- endif -%}
+      {% do held.append(tx) %}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- if not held %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
+  {%- if held | length > 5 %}{{ log("cdclake: " ~ model.alias ~ ": holding " ~ held | length ~ " incomplete transactions in all", info=true) }}{% endif -%}
+  {%- set complete = cdclake.session_view('__cdc_complete') -%}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as select * from ' ~ changes ~ ' where ' ~ cdclake.held_changes_filter(reading, held)) %}
+  {{ return({'changes': complete, 'held': held, 'property': tojson({'from': start, 'ids': held | unique | list})}) }}
+{%- endmacro %}
+
+
+{#- ", 'cdclake.held_transactions' = '...'" for the run's properties commit, or '' when nothing is to record. -#}
+{% macro held_transactions_property(completed) -%}
+  {{- '' if completed.property is none else ", 'cdclake.held_transactions' = " ~ cdclake.sql_string(completed.property) -}}
+{%- endmacro %}

@@ -1,0 +1,200 @@
+"""complete_transactions: silver applies a source transaction's changes only once all of them have landed in bronze
+(reference §9 item 13), on real Debezium output (`tests/fixtures/debezium/postgres/dbserver1.jsonl`, recorded with
+`provide.transaction.metadata=true`), with and without schemas, landed a piece of a transaction at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from ingest.bronze.tables import BronzeTables
+from ingest.dbt_runner import run_dbt
+from ingest.lakehouse import load_catalog
+from ingest.scaffold import model_yaml, scaffold
+from tests.conftest import FIXTURES
+from tests.silver_harness import SilverHarness, without_schema
+
+pytestmark = [pytest.mark.spark, pytest.mark.dbt]
+
+RECORDED = FIXTURES / "debezium" / "postgres" / "dbserver1.jsonl"
+HELD = "cdclake.held_transactions"
+
+
+def recording(prefix: str, schemas: bool) -> list[dict[str, Any]]:
+    lines = [orjson.loads(line) for line in RECORDED.read_bytes().splitlines()]
+    for line in lines:
+        line["topic"] = line["topic"].replace("dbserver1.", prefix + ".", 1)
+        if not schemas:
+            line["key"], line["payload"] = without_schema(line["key"]), without_schema(line["payload"])
+    return lines
+
+
+def payload(line: dict[str, Any]) -> dict[str, Any]:
+    value = orjson.loads(line["payload"])
+    return dict(value.get("payload", value)) if "schema" in value else dict(value)
+
+
+def find(lines: list[dict[str, Any]], transaction: str, what: str, nth: int = 0) -> int:
+    """The index of the ``nth`` line of PostgreSQL transaction ``transaction`` (its number) that is its BEGIN, END,
+    or a change of table ``what``."""
+    found = []
+    for at, line in enumerate(lines):
+        if line["payload"] is None:
+            continue
+        value = payload(line)
+        if value.get("status") in ("BEGIN", "END"):
+            hit = value["status"] == what and value["id"].split(":")[0] == transaction
+        else:
+            block = value.get("transaction") or {}
+            hit = str(block.get("id", "")).split(":")[0] == transaction and line["topic"].endswith("." + what)
+        if hit:
+            found.append(at)
+    return found[nth]
+
+
+def customers_state(lines: list[dict[str, Any]]) -> dict[int, str]:
+    """id -> email after the customers changes among ``lines``, applied in order."""
+    state: dict[int, str] = {}
+    for line in lines:
+        if line["payload"] is None or not line["topic"].endswith(".customers"):
+            continue
+        value = payload(line)
+        if value["op"] == "d":
+            state.pop(value["before"]["id"], None)
+        else:
+            state[value["after"]["id"]] = value["after"]["email"]
+    return state
+
+
+@pytest.fixture
+def dumps(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def test_changes_of_an_incomplete_transaction_wait_for_the_rest(harness: SilverHarness, dumps: Path) -> None:
+    """Transaction 734 changes one customer three times; 735 changes a customer once and typed_values twice. Each
+    is landed a piece at a time. Silver holds a transaction's changes until bronze holds as many of them as its END
+    says (a run that finds only the transaction table grown applies them), keeps applying the other transactions
+    meanwhile, and its shipped tests hold at every step; `transaction_timeout_minutes` applies a held transaction
+    once its first change is that old, with a warning."""
+    typed, schemaless = recording("pgtx", True), recording("pgtxjson", False)
+    ingest = harness.settings.ingest.model_copy(update={"variable_scale_decimal_scale": 20})
+    cut = find(typed, "734", "customers", 1) + 1  # 734's BEGIN, create and first update, not its second update
+    end_734, end_735 = find(typed, "734", "END"), find(typed, "735", "END")
+    units = [
+        list(range(cut)),
+        [end_734],  # only 734's END: 2 of its 3 changes have landed
+        # 734's last update; 735's customers update and first typed_values change, not its END
+        [at for at in range(cut, find(typed, "735", "typed_values") + 1) if at != end_734],
+        [end_735],  # only 735's END: the customers model applies 735 though its own bronze did not grow
+        [at for at in range(find(typed, "735", "typed_values", 1), len(typed)) if at != end_735],
+    ]
+    assert sorted(at for unit in units for at in unit) == list(range(len(typed)))  # each line lands once
+
+    models = {
+        "pgtx_inventory_customers": ("pgtx_inventory_customers", "complete_transactions='pgtx_transaction'"),
+        "pgtx_inventory_typed_values": ("pgtx_inventory_typed_values", "complete_transactions='pgtx_transaction'"),
+        "pgtxjson_inventory_customers": (
+            "pgtxjson_inventory_customers",
+            "keys=['id'], complete_transactions='bronze.pgtxjson_transaction'",
+        ),
+        "pgtx_customers_history": (
+            "pgtx_inventory_customers",
+            "history='scd2', complete_transactions='pgtx_transaction'",
+        ),
+        "pgtx_customers_timeout": (
+            "pgtx_inventory_customers",
+            "complete_transactions='pgtx_transaction', transaction_timeout_minutes=0",
+        ),
+    }
+    silver_dir = harness.project / "models" / "silver"
+    log = harness.project / "logs" / "dbt.log"
+    # Silver of customers after each unit: the changes of the transactions complete by then.
+    complete_after = [
+        find(typed, "733", "END") + 1,
+        find(typed, "733", "END") + 1,
+        end_734 + 1,
+        len(typed),
+        len(typed),
+    ]
+    held_after = [["734"], ["734"], ["735"], [], []]
+    typed_held_after = [[], [], ["735"], ["735"], []]
+    for unit, indices in enumerate(units):
+        for name, lines in (("typed", typed), ("schemaless", schemaless)):
+            harness.land_lines(f"{name}-{unit}", [lines[at] for at in indices], dumps, ingest)
+        if unit == 0:
+            tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+            scaffold(tables, harness.project, select="pgtx*")  # the sources, and the shipped tests of each model
+            for name, (table, config) in models.items():
+                (silver_dir / f"{name}.sql").write_text(
+                    f"{{{{ config(materialized='cdc_silver', {config}) }}}}\n"
+                    f"select * from {{{{ source('bronze', '{table}') }}}}\n"
+                )
+                described = model_yaml(table, ["id"], "bronze", None, "scd2" if "scd2" in config else "current")
+                described["models"][0]["name"] = name
+                (silver_dir / f"{name}.yml").write_text(yaml.safe_dump(described))
+        start = log.stat().st_size if log.exists() else 0
+        assert run_dbt(harness.settings, ["build", "--select", *models, "--threads", "2"]), f"unit {unit}"
+        message = log.read_bytes()[start:].decode()
+        expected = customers_state(typed[: complete_after[unit]])
+        catalog = load_catalog(harness.settings)
+        for model, email, where in (
+            ("pgtx_inventory_customers", "email", "true"),
+            ("pgtxjson_inventory_customers", "get_json_object(_cdc_document, '$.email') as email", "true"),
+            ("pgtx_customers_history", "email", "_cdc_is_current and _cdc_op <> 'd'"),
+        ):
+            rows = harness.rows(f"silver.{model}", f"cast(id as int) as id, {email}", "id", where)
+            assert {row["id"]: row["email"] for row in rows} == expected, (unit, model)
+            held = orjson.loads(catalog.load_table(f"silver.{model}").properties.get(HELD) or "null")
+            assert (held or {}).get("ids", []) == held_after[unit], (unit, model)
+        held = orjson.loads(catalog.load_table("silver.pgtx_inventory_typed_values").properties.get(HELD) or "null")
+        assert (held or {}).get("ids", []) == typed_held_after[unit], unit
+        if unit == 0:
+            assert "pgtx_inventory_customers: holding the changes of transaction 734 (its END has not landed in" in (
+                message
+            )
+            # Past its timeout (0 minutes), 734 is applied as far as it has landed, with a warning naming it.
+            assert "transaction 734 is incomplete (its END has not landed in" in message
+            assert "over transaction_timeout_minutes=0 ago: applying what has landed" in message
+            rows = harness.rows("silver.pgtx_customers_timeout", "id, email", "id")
+            assert {row["id"]: row["email"] for row in rows} == customers_state(typed[:cut])
+        if unit == 1:
+            assert "holding the changes of transaction 734 (2 of its 3 changes of inventory.customers have landed" in (
+                message
+            )
+    # In the end, all of it: silver equals what PostgreSQL held.
+    final = orjson.loads((RECORDED.parent / "expected_final_state.json").read_bytes())
+    rows = harness.rows("silver.pgtx_inventory_customers", "id, email", "id")
+    assert {row["id"]: row["email"] for row in rows} == {int(k): v["email"] for k, v in final["customers"].items()}
+    rows = harness.rows("silver.pgtx_inventory_typed_values", "id", "id")
+    assert [row["id"] for row in rows] == sorted(int(k) for k in final["typed_values"])
+
+
+def test_an_end_that_names_no_collection_of_the_table_stops_the_run(harness: SilverHarness, dumps: Path) -> None:
+    """Counting needs the END's count for this table: an END naming its data collections otherwise fails the run,
+    naming the transaction and what the END lists, instead of holding its changes for good."""
+    lines = recording("pgtxname", True)
+    for line in lines:
+        if line["payload"] is not None and b'"status":"END"' in line["payload"].encode():
+            line["payload"] = line["payload"].replace('"inventory.customers"', '"inventory.clients"')
+    harness.land_lines("renamed", lines, dumps)
+    tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+    scaffold(tables, harness.project, select="pgtxname_inventory_customers")
+    (harness.project / "models" / "silver" / "pgtxname_inventory_customers.sql").write_text(
+        "{{ config(materialized='cdc_silver', complete_transactions='pgtxname_transaction') }}\n"
+        "select * from {{ source('bronze', 'pgtxname_inventory_customers') }}\n"
+    )
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert not run_dbt(harness.settings, ["run", "--select", "pgtxname_inventory_customers"])
+    message = log.read_bytes()[start:].decode()
+    assert "transaction 728 has an END record in " in message, message[-3000:]
+    assert (
+        "but it lists no data collection named inventory.customers or ending in .inventory.customers (it lists"
+        " inventory.clients)" in message
+    ), message[-3000:]
+    assert not load_catalog(harness.settings).table_exists("silver.pgtxname_inventory_customers")
