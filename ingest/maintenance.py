@@ -247,7 +247,7 @@ def plan_maintenance(
     maintenance = maintenance or maintenance_settings(settings)
     now = now or dt.datetime.now(dt.UTC)
     lake = settings.lakehouse
-    positions = silver_positions(catalog, lake.bronze_namespace)
+    positions = silver_positions(catalog, lake.bronze_namespace, held=True)
     protected = {snapshot: " and ".join(names) for snapshot, names in positions.items()}
     if not maintenance.keep_silver_position:
         protected = {}

@@ -4,6 +4,7 @@ materialization)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 
 APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 APPLIED_RECORDS_PROPERTY = "cdclake.bronze_records"
+# {"from": the bronze snapshot the held unit began after, "ids": [...]}: the changes of source transactions not yet
+# complete (complete_transactions), which silver's next run reads again from that snapshot on.
+HELD_TRANSACTIONS_PROPERTY = "cdclake.held_transactions"
 
 
 def ancestors(table: Table) -> Iterator[Snapshot]:
@@ -33,12 +37,13 @@ def ancestors(table: Table) -> Iterator[Snapshot]:
 
 
 def silver_positions(
-    catalog: Catalog, bronze_namespace: str, loaded: dict[str, Table] | None = None
+    catalog: Catalog, bronze_namespace: str, loaded: dict[str, Table] | None = None, held: bool = False
 ) -> dict[int, list[str]]:
     """Bronze snapshot id -> the silver tables that have applied up to it (several models of one bronze table, a
     current state and a history, usually stand at the same snapshot), in any namespace but bronze's: a dbt model
     with a `schema` of its own (dbt writes it to `silver_<schema>`) applies bronze too. ``loaded``, when given,
-    receives those tables by identifier (a caller that reads them next need not load them again)."""
+    receives those tables by identifier (a caller that reads them next need not load them again). With ``held``,
+    also the snapshot a silver table holding incomplete transactions reads again from (its next run needs it)."""
     positions: dict[int, list[str]] = {}
     namespaces = sorted(".".join(namespace) for namespace in catalog.list_namespaces())
     for namespace in namespaces:
@@ -58,12 +63,34 @@ def silver_positions(
                     exc,
                 )
                 continue
-            value = table.properties.get(APPLIED_SNAPSHOT_PROPERTY)
-            if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
-                positions.setdefault(int(value), []).append(f"{namespace}.{name}")
+            value = _snapshot_id(table.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+            if value is not None:
+                positions.setdefault(value, []).append(f"{namespace}.{name}")
                 if loaded is not None:
                     loaded[f"{namespace}.{name}"] = table
+                held_from = held_from_snapshot(table) if held else None
+                if held_from is not None and held_from != value:
+                    positions.setdefault(held_from, []).append(f"{namespace}.{name} (its held transactions)")
     return positions
+
+
+def held_from_snapshot(table: Table) -> int | None:
+    """The bronze snapshot silver ``table`` reads again from at its next run, while it holds the changes of
+    incomplete source transactions (None when it holds none, or holds them since its first run)."""
+    try:
+        held = json.loads(table.properties.get(HELD_TRANSACTIONS_PROPERTY) or "null")
+    except ValueError:
+        return None
+    if not isinstance(held, dict) or not held.get("ids"):
+        return None
+    start = held.get("from")
+    return _snapshot_id(start) if isinstance(start, str) else None
+
+
+def _snapshot_id(value: str | None) -> int | None:
+    if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+        return int(value)
+    return None
 
 
 def _table_names(catalog: Catalog, namespace: str) -> list[str]:

@@ -32,7 +32,13 @@ from ingest.maintenance import (
     spark_error_line,
     timestamp_literal,
 )
-from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors, silver_positions
+from ingest.snapshots import (
+    APPLIED_RECORDS_PROPERTY,
+    APPLIED_SNAPSHOT_PROPERTY,
+    HELD_TRANSACTIONS_PROPERTY,
+    ancestors,
+    silver_positions,
+)
 from ingest.status import (
     PartitionStatus,
     Watermarks,
@@ -1206,6 +1212,35 @@ def test_silver_tables_of_any_namespace_keep_their_bronze_snapshot(tmp_path: Pat
         11: ["silver.a", "silver.a_history"],
         22: ["silver_finance.b"],
     }
+
+
+def test_maintain_keeps_the_snapshot_a_silver_table_holding_transactions_reads_again_from(tmp_path: Path) -> None:
+    """A silver model with complete_transactions that holds changes reads bronze again from where the held unit
+    began: `cdclake maintain` keeps that snapshot too (expired, the next run would re-read all of bronze)."""
+    settings = make_settings(tmp_path)
+    catalog = load_catalog(settings)
+    schema = pa.schema([pa.field("id", pa.int64())])
+    for namespace in ("bronze", "silver"):
+        catalog.create_namespace_if_not_exists(namespace)
+    bronze = catalog.create_table("bronze.t", schema)
+    snapshots = []
+    for row in range(3):
+        bronze.append(pa.table({"id": [row]}, schema=schema))
+        snapshots.append(bronze.refresh().current_snapshot().snapshot_id)
+    held = {HELD_TRANSACTIONS_PROPERTY: f'{{"from": "{snapshots[0]}", "ids": ["734"]}}'}
+    catalog.create_table("silver.a", schema, properties={APPLIED_SNAPSHOT_PROPERTY: str(snapshots[2]), **held})
+    released = {HELD_TRANSACTIONS_PROPERTY: ""}  # what a run that holds nothing any more records
+    catalog.create_table("silver.b", schema, properties={APPLIED_SNAPSHOT_PROPERTY: str(snapshots[2]), **released})
+    namespace = settings.lakehouse.bronze_namespace
+    assert silver_positions(catalog, namespace) == {snapshots[2]: ["silver.a", "silver.b"]}
+    assert silver_positions(catalog, namespace, held=True) == {
+        snapshots[0]: ["silver.a (its held transactions)"],
+        snapshots[2]: ["silver.a", "silver.b"],
+    }
+    expire_all = MaintenanceSettings(bronze=LayerMaintenance(expire_older_than_hours=0, retain_last=1))
+    (plan,) = plan_maintenance(catalog, settings, expire_all, ["bronze"])
+    notes = " ".join(step.note or "" for step in plan.steps)
+    assert f"keeps snapshot {snapshots[0]} (applied by silver.a (its held transactions)" in notes
 
 
 def test_status_finds_a_silver_table_named_otherwise(tmp_path: Path) -> None:
