@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
@@ -77,14 +78,22 @@ def silver_positions(
 def held_from_snapshot(table: Table) -> int | None:
     """The bronze snapshot silver ``table`` reads again from at its next run, while it holds the changes of
     incomplete source transactions (None when it holds none, or holds them since its first run)."""
+    start = _held(table).get("from")
+    return _snapshot_id(start) if isinstance(start, str) else None
+
+
+def held_transaction_count(table: Table) -> int:
+    """How many source transactions silver ``table`` holds the changes of until they are complete."""
+    ids = _held(table).get("ids")
+    return len(ids) if isinstance(ids, list) else 0
+
+
+def _held(table: Table) -> dict[str, Any]:
     try:
         held = json.loads(table.properties.get(HELD_TRANSACTIONS_PROPERTY) or "null")
     except ValueError:
-        return None
-    if not isinstance(held, dict) or not held.get("ids"):
-        return None
-    start = held.get("from")
-    return _snapshot_id(start) if isinstance(start, str) else None
+        return {}
+    return held if isinstance(held, dict) and held.get("ids") else {}
 
 
 def _snapshot_id(value: str | None) -> int | None:

@@ -33,7 +33,14 @@ from ingest.bronze.tables import OFFSETS_PROPERTY, decode_offsets
 from ingest.config import Settings, SourceSettings
 from ingest.debezium.envelope import HEARTBEAT_PREFIX
 from ingest.errors import ConfigError
-from ingest.snapshots import APPLIED_RECORDS_PROPERTY, APPLIED_SNAPSHOT_PROPERTY, ancestors, silver_positions
+from ingest.snapshots import (
+    APPLIED_RECORDS_PROPERTY,
+    APPLIED_SNAPSHOT_PROPERTY,
+    ancestors,
+    held_from_snapshot,
+    held_transaction_count,
+    silver_positions,
+)
 from ingest.sources.base import TopicSelection
 from ingest.text import first_few
 
@@ -81,6 +88,8 @@ class SilverStatus:
     behind_since: dt.datetime | None  # first bronze commit with new rows that silver has not applied
     applied_at_max: dt.datetime | None  # max(_cdc_applied_at)
     last_commit: dt.datetime | None  # silver's current snapshot
+    # Source transactions whose changes silver holds until all of them have landed (complete_transactions).
+    held_transactions: int = 0
 
 
 @dataclass
@@ -444,6 +453,12 @@ def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus
     last_commit = None if current is None else _utc_ms(current.timestamp_ms)
     applied_snapshot = None if applied is None else bronze.snapshot_by_id(applied)
     behind, since = _behind(bronze, applied, applied_records, last_commit)
+    held = held_transaction_count(silver)
+    if held:
+        # Silver has not applied the held changes: it is behind since the first bronze commit after the snapshot
+        # it reads again from (held since its first run: since an unknown time).
+        held_from = held_from_snapshot(silver)
+        behind, since = True, None if held_from is None else _behind(bronze, held_from, None, last_commit)[1]
     return SilverStatus(
         table=identifier,
         applied_snapshot_id=applied,
@@ -452,6 +467,7 @@ def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus
         behind_since=since,
         applied_at_max=column_max_timestamp(silver, APPLIED_AT_COLUMN),
         last_commit=last_commit,
+        held_transactions=held,
     )
 
 
@@ -761,12 +777,17 @@ def stale_problems(
         for silver in table.silvers:
             if not silver.behind:
                 continue
+            holding = (
+                f", holding the changes of {silver.held_transactions:,} incomplete source transaction(s)"
+                if silver.held_transactions
+                else ""
+            )
             if silver.behind_since is None:
-                problems.append(f"{silver.table}: behind {table.table} (since an unknown time)")
+                problems.append(f"{silver.table}: behind {table.table} (since an unknown time){holding}")
             elif now - silver.behind_since > limit:
                 problems.append(
                     f"{silver.table}: behind {table.table} for {format_age(now - silver.behind_since)}, "
-                    f"longer than {stale_after_s:g}s"
+                    f"longer than {stale_after_s:g}s{holding}"
                 )
     return problems
 
@@ -818,6 +839,7 @@ def status_document(status: LakehouseStatus, stale_after_s: float, problems: lis
             "behind_since": _iso(item.behind_since),
             "applied_at_max": _iso(item.applied_at_max),
             "last_commit": _iso(item.last_commit),
+            "held_transactions": item.held_transactions,
         }
 
     return {

@@ -1269,6 +1269,48 @@ def test_status_finds_a_silver_table_named_otherwise(tmp_path: Path) -> None:
     assert [name for name, other in silver.items() if other is not None] == [CUSTOMERS]
 
 
+def test_status_shows_a_silver_table_holding_incomplete_transactions_as_behind(tmp_path: Path) -> None:
+    """complete_transactions: a silver table that has read bronze's latest snapshot but holds the changes of an
+    incomplete transaction has not applied them. Status showed it up to date; it is behind since the first bronze
+    commit after the snapshot it reads again from, and says how many transactions it holds (text, JSON, and the
+    stale check)."""
+    settings = make_settings(tmp_path)
+    ingest_file(settings, PG_DUMP)
+    catalog = load_catalog(settings)
+    first = catalog.load_table(f"bronze.{CUSTOMERS}").current_snapshot()
+    ingest_file(settings, extended_dump(tmp_path / "more.jsonl", extra=3))
+    latest = catalog.load_table(f"bronze.{CUSTOMERS}").current_snapshot()
+    assert first is not None
+    assert latest is not None
+    assert latest.snapshot_id != first.snapshot_id
+    catalog.create_namespace_if_not_exists("silver")
+    held = f'{{"from": "{first.snapshot_id}", "ids": ["734", "735"]}}'
+    catalog.create_table(
+        f"silver.{CUSTOMERS}",
+        pa.schema([pa.field("id", pa.int64())]),
+        properties={
+            APPLIED_SNAPSHOT_PROPERTY: str(latest.snapshot_id),
+            APPLIED_RECORDS_PROPERTY: latest.summary["total-records"],
+            HELD_TRANSACTIONS_PROPERTY: held,
+        },
+    )
+    status = collect_status(settings, check_lag=False)
+    (silver,) = next(t for t in status.tables if t.name == CUSTOMERS).silvers
+    assert (silver.behind, silver.held_transactions) == (True, 2)
+    assert silver.behind_since == dt.datetime.fromtimestamp(latest.timestamp_ms / 1000, dt.UTC)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
+    (problem,) = [p for p in stale_problems(status, 3600, now=later) if p.startswith("silver")]
+    assert problem.startswith(f"silver.{CUSTOMERS}: behind bronze.{CUSTOMERS} for ")
+    assert problem.endswith("longer than 3600s, holding the changes of 2 incomplete source transaction(s)")
+    document = status_document(status, 3600, [])
+    entry = next(t for t in document["tables"] if t["name"] == CUSTOMERS)
+    assert entry["silver"]["held_transactions"] == 2
+    config = str(Path(settings.base_dir) / "cdclake.yml")
+    text = invoke(["--config", config, "status", "--no-lag"]).stdout
+    state = " ".join(word for line in text.splitlines() if "│" in line for word in line.split("│")[3].split())
+    assert "holding 2 incomplete transaction(s)" in state
+
+
 def test_status_shows_every_silver_table_of_a_bronze_table(tmp_path: Path) -> None:
     """A current state and a history built from one bronze table are both shown, the silver table of the same name
     first, and each one behind counts as a problem (before, status showed one silver table per bronze table, so a

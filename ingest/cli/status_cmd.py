@@ -176,7 +176,10 @@ def _render(console: Console, status: LakehouseStatus, problems: list[str], stal
                 state = Text("unknown (no applied snapshot recorded)", style="yellow")
             elif item.behind:
                 since = _when(item.behind_since, now) if item.behind_since else "unknown"
-                state = Text(f"behind since {since}", style="yellow")
+                holding = (
+                    f", holding {item.held_transactions:,} incomplete transaction(s)" if item.held_transactions else ""
+                )
+                state = Text(f"behind since {since}{holding}", style="yellow")
             else:
                 state = Text("up to date", style="green")
             applied = "-" if item.applied_snapshot_id is None else str(item.applied_snapshot_id)
