@@ -15,7 +15,9 @@
   (Debezium's unavailable.value.placeholder, default '__debezium_unavailable_value'; none: taken as a value),
   tombstone_horizon_days, broadcast_max_changes (the largest unit of work whose keys are broadcast, 2,000,000),
   history ('current', default | 'scd2': one row per version of each key, see scd2.sql), on_schema_change
-  ('append_new_columns', default | 'ignore' | 'fail': columns the source added, see evolve_silver_schema).
+  ('append_new_columns', default | 'ignore' | 'fail': columns the source added, see evolve_silver_schema),
+  complete_transactions / transaction_timeout_minutes (a source transaction's changes wait until all have landed,
+  see transactions.sql).
 
   Partial images (ignore_null_updates; Debezium's placeholder for an unchanged TOAST or LOB column, config
   unavailable_value; MongoDB updates without a full document) are folded onto the key's previous image before net
