@@ -79,11 +79,17 @@
 {%- endmacro %}
 
 
-{#- " where <not held>" for reads of bronze's rows, leaving out the changes of the transactions `ids`. -#}
-{% macro held_changes_filter(reading, ids) -%}
+{#- Whether a bronze row is a change of one of the transactions `ids`. -#}
+{% macro of_transactions(reading, ids) -%}
   {%- set quoted = [] -%}
   {%- for id in ids %}{% do quoted.append(cdclake.sql_string(id)) %}{% endfor -%}
-  {{- 'not coalesce(' ~ cdclake.transaction_identity(reading.id, reading.connector) ~ ' in (' ~ quoted | join(', ') ~ '), false)' -}}
+  {{- 'coalesce(' ~ cdclake.transaction_identity(reading.id, reading.connector) ~ ' in (' ~ quoted | join(', ') ~ '), false)' -}}
+{%- endmacro %}
+
+
+{#- The condition that leaves out the changes of the transactions `ids` (held), for reads of bronze's rows. -#}
+{% macro held_changes_filter(reading, ids) -%}
+  {{- 'not ' ~ cdclake.of_transactions(reading, ids) -}}
 {%- endmacro %}
 
 
@@ -95,30 +101,16 @@
 {%- endmacro %}
 
 
-{#-
-  The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
-  {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
-  value to record (none when silver need not record one)}. `start`: the bronze snapshot the unit began after.
--#}
-{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
-  {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
-  {%- set transactions = cdclake.transactions_relation(bronze) -%}
-  {%- if transactions is none or 'transaction' not in cdclake.describe_columns(bronze) -%}
-    {{ return({'changes': changes, 'held': [], 'property': recorded}) }}
-  {%- endif -%}
-  {%- set reading = cdclake.transaction_reading(bronze) -%}
+{#- The transactions of the changes in `relation` (those `scope` keeps) that bronze's rows there do not hold all
+    of, per data collection: (tx, collection, seen, ENDs found, expected, the END's collections, first landed,
+    timed out), oldest first. -#}
+{% macro incomplete_transactions_sql(relation, scope, reading, ends, transactions, timeout) -%}
   {%- set identity = cdclake.transaction_identity(reading.id, reading.connector) -%}
-  {%- set ends = cdclake.end_records(transactions) -%}
-  {%- set timeout = config.get('transaction_timeout_minutes') -%}
-  {%- set incomplete -%}
-    with unit as (
-      select distinct {{ identity }} as tx from {{ changes }} where {{ reading.id }} is not null
-    ),
-    landed as (
+    with landed as (
       select {{ identity }} as tx, {{ reading.connector }} as connector, {{ reading.collection }} as collection,
         count(distinct {{ reading.order }}) as seen, min(_cdc_ingested_at) as first_landed
-      from {{ bronze }} version as of {{ end | int }}
-      where {{ reading.id }} is not null and {{ identity }} in (select tx from unit)
+      from {{ relation }}
+      where {{ scope }}
       group by 1, 2, 3
     ),
     ends as (
@@ -136,7 +128,31 @@
       group by l.tx, l.collection, l.seen, l.first_landed
     ) where expected is null or seen < expected
     order by first_landed, tx
-  {%- endset -%}
+{%- endmacro %}
+
+
+{#-
+  The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
+  {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
+  value to record (none when silver need not record one)}. `start`: the bronze snapshot the unit began after.
+-#}
+{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
+  {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
+  {%- set transactions = cdclake.transactions_relation(bronze) -%}
+  {%- if transactions is none or 'transaction' not in cdclake.describe_columns(bronze) -%}
+    {{ return({'changes': changes, 'held': [], 'property': recorded}) }}
+  {%- endif -%}
+  {%- set reading = cdclake.transaction_reading(bronze) -%}
+  {%- set ends = cdclake.end_records(transactions) -%}
+  {%- set timeout = config.get('transaction_timeout_minutes') -%}
+  {#- Counted in the unit first: a transaction complete there is complete. Only those that are not (split across
+      flushes, or replayed in part) are counted again over all of bronze, which a run need not scan otherwise. -#}
+  {%- set in_unit = run_query(cdclake.incomplete_transactions_sql(changes, reading.id ~ ' is not null', reading, ends, transactions, none)).rows -%}
+  {%- if not in_unit %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
+  {%- set candidates = [] -%}
+  {%- for row in in_unit %}{% do candidates.append(row[0]) %}{% endfor -%}
+  {%- set scope = cdclake.of_transactions(reading, candidates | unique | list) -%}
+  {%- set incomplete = cdclake.incomplete_transactions_sql(bronze ~ ' version as of ' ~ (end | int), scope, reading, ends, transactions, timeout) -%}
   {%- set rows = run_query(incomplete).rows -%}
   {%- set held = [] -%}
   {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
