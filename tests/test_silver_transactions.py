@@ -11,8 +11,11 @@ import orjson
 import pytest
 import yaml
 
+from ingest.bronze.naming import bronze_table_name
 from ingest.bronze.tables import BronzeTables
 from ingest.dbt_runner import run_dbt
+from ingest.fakes import SOURCES, build_stream
+from ingest.fakes.records import kcat_line
 from ingest.lakehouse import load_catalog
 from ingest.scaffold import model_yaml, scaffold
 from tests.conftest import FIXTURES
@@ -203,3 +206,60 @@ def test_an_end_that_names_no_collection_of_the_table_stops_the_run(harness: Sil
         " inventory.clients)" in message
     ), message[-3000:]
     assert not load_catalog(harness.settings).table_exists("silver.pgtxname_inventory_customers")
+
+
+def test_the_four_sources_transactions_are_counted_by_their_own_formats(harness: SilverHarness, dumps: Path) -> None:
+    """The fakes of Db2, Informix, Oracle and MongoDB write their transaction ids and data collections as the
+    seeds show (Db2's LSN-shaped id, Informix's `txID:LSN`, Oracle's `5.6.641`, MongoDB's `rs0.<db>.<collection>`):
+    each model holds its stream's last transaction of several changes while one of them is missing, and applies it
+    once it lands, ending equal to the source table."""
+    streams = {source: build_stream(source, seed=3, n_keys=6, n_changes=30) for source in SOURCES}
+    held_ids: dict[str, str] = {}
+    missing: dict[str, Any] = {}
+    for source, stream in streams.items():
+        # The last transaction with several changes: its last change lands only in the second unit.
+        changes = [
+            (record, payload({"payload": record.value.decode()}))
+            for record in stream.records
+            if record.topic == stream.data_topic and record.value is not None
+        ]
+        last = max(
+            (
+                record
+                for record, value in changes
+                if int((value.get("transaction") or {}).get("data_collection_order") or 0) > 1
+            ),
+            key=lambda record: stream.records.index(record),
+        )
+        tx_id = payload({"payload": last.value.decode()})["transaction"]["id"]
+        held_ids[source] = tx_id.split(":")[0] if source == "informix" else tx_id
+        missing[source] = last
+    # The data topic's records from that change on land in the second unit (a record below an offset bronze holds
+    # would be taken for one landed already); the transaction topic's, its END included, in the first.
+    first, second = [], []
+    for source, stream in streams.items():
+        cut = stream.records.index(missing[source])
+        for at, record in enumerate(stream.records):
+            later = at >= cut and record.topic == stream.data_topic
+            (second if later else first).append(orjson.loads(kcat_line(record)))
+    harness.land_lines("sources-0", first, dumps)
+    tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+    names = [bronze_table_name(stream.data_topic) for stream in streams.values()]
+    for name in names:
+        scaffold(tables, harness.project, select=name)
+    silver_dir = harness.project / "models" / "silver"
+    for stream, name in zip(streams.values(), names, strict=True):
+        model = silver_dir / f"{name}.sql"
+        transactions = bronze_table_name(stream.transaction_topic)
+        model.write_text(model.read_text().replace(") }}", f", complete_transactions='{transactions}') }}}}", 1))
+    assert run_dbt(harness.settings, ["build", "--select", *names, "--threads", "2"])
+    catalog = load_catalog(harness.settings)
+    for source, name in zip(streams, names, strict=True):
+        held = orjson.loads(catalog.load_table(f"silver.{name}").properties.get(HELD) or "null")
+        assert held["ids"] == [held_ids[source]], source
+    harness.land_lines("sources-1", second, dumps)
+    assert run_dbt(harness.settings, ["build", "--select", *names, "--threads", "2"])
+    for (source, stream), name in zip(streams.items(), names, strict=True):
+        assert not catalog.load_table(f"silver.{name}").properties.get(HELD), source
+        rows = harness.spark.sql(f"select count(*) as n from silver.{name}").collect()[0]["n"]
+        assert rows == len(stream.expected), source
