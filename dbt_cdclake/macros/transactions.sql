@@ -9,11 +9,12 @@
   gives for the table's data collection, or while no END has landed. The END's data collection is the one named
   `<schema>.<table>` (`<db>.<table>` or `<db>.<collection>` where the source has no schema), or ending in it:
   Debezium prefixes it with the database (SQL Server, Oracle, Db2, Informix) or the replica set (MongoDB 1.x).
-  PostgreSQL's and Informix's transaction ids end in a position that differs between a transaction's events and its
-  END (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
+  PostgreSQL's transaction ids end in a position that differs between a transaction's events and its END
+  (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
 
-  A held change stays out of everything the run applies; the run records where its unit began, and the next run
-  reads bronze again from there (applying a change again is harmless: the ordering guard ignores it), so the held
+  A held change stays out of everything the run applies; the run records, per held transaction, where the run that
+  first held it began, and the next run reads bronze again from the oldest of those (applying a change again is
+  harmless: the ordering guard ignores it), so the held
   changes are applied by the first run that finds their transaction complete: even when only the transaction
   table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
   transaction whose first change landed longer ago than that is applied as it is, with a warning (an END lost, or a
@@ -54,8 +55,10 @@
       {% do source.update({name: 'source.' ~ cdclake.quote(name) if name in fields else 'null'}) %}
     {%- endif -%}
   {%- endfor -%}
+  {#- A source block without those fields (Oracle 1.x's example): the topic's last two parts, `<schema>.<table>`. -#}
+  {%- set named = "concat_ws('.', coalesce(" ~ source.schema ~ ", " ~ source.db ~ "), coalesce(" ~ source.table ~ ", " ~ source.collection ~ "))" -%}
   {{ return({'id': id, 'order': order, 'connector': source.connector,
-             'collection': "concat_ws('.', coalesce(" ~ source.schema ~ ", " ~ source.db ~ "), coalesce(" ~ source.table ~ ", " ~ source.collection ~ "))"}) }}
+             'collection': "coalesce(nullif(" ~ named ~ ", ''), regexp_extract(_cdc_topic, '([^.]+[.][^.]+)$', 1))"}) }}
 {%- endmacro %}
 
 
@@ -73,28 +76,32 @@
 {%- endmacro %}
 
 
-{#- A transaction id as changes and END records of connector `connector` share it. -#}
-{% macro transaction_identity(id, connector) -%}
-  {{- "case when " ~ connector ~ " in ('postgresql', 'informix') then substring_index(" ~ id ~ ", ':', 1) else " ~ id ~ " end" -}}
+{#- A transaction id as changes and END records share it: `match` 'xid', PostgreSQL's transaction number before the
+    colon (its ids end in a log position that differs between a transaction's events and its END); 'id', the id
+    itself (Informix's changes carry their END's id, the others one id throughout). -#}
+{% macro transaction_identity(id, match) -%}
+  {{- "substring_index(" ~ id ~ ", ':', 1)" if match == 'xid' else id -}}
 {%- endmacro %}
 
 
 {#- Whether a bronze row is a change of one of the transactions `ids`. -#}
-{% macro of_transactions(reading, ids) -%}
+{% macro of_transactions(reading, ids, match) -%}
   {%- set quoted = [] -%}
   {%- for id in ids %}{% do quoted.append(cdclake.sql_string(id)) %}{% endfor -%}
-  {{- 'coalesce(' ~ cdclake.transaction_identity(reading.id, reading.connector) ~ ' in (' ~ quoted | join(', ') ~ '), false)' -}}
+  {{- 'coalesce(' ~ cdclake.transaction_identity(reading.id, match) ~ ' in (' ~ quoted | join(', ') ~ '), false)' -}}
 {%- endmacro %}
 
 
-{#- The condition that leaves out the changes of the transactions `ids` (held), for reads of bronze's rows. -#}
-{% macro held_changes_filter(reading, ids) -%}
-  {{- 'not ' ~ cdclake.of_transactions(reading, ids) -}}
+{#- The condition that leaves out the changes of the transactions `held` holds, for reads of bronze's rows. -#}
+{% macro held_changes_filter(reading, held) -%}
+  {{- 'not ' ~ cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -}}
 {%- endmacro %}
 
 
-{#- What silver recorded as held (cdclake.held_transactions): {'from': the bronze snapshot its unit began after
-    (none: all of bronze), 'ids': [...]}, or none when nothing is held. -#}
+{#- What silver recorded as held (cdclake.held_transactions): {'ids': the transactions, first held first; 'since':
+    per transaction, the bronze snapshot the run that first held it began after (none: all of bronze); 'from': the
+    first one's, where the next run reads bronze again from; 'match': how ids are matched (transaction_identity)},
+    or none when nothing is held. -#}
 {% macro held_transactions(properties) -%}
   {%- set held = fromjson(properties.get('cdclake.held_transactions') or 'null') -%}
   {{ return(held if held and held.get('ids') else none) }}
@@ -104,27 +111,26 @@
 {#- The transactions of the changes in `relation` (those `scope` keeps) that bronze's rows there do not hold all
     of, per data collection: (tx, collection, seen, ENDs found, expected, the END's collections, first landed,
     timed out), oldest first. -#}
-{% macro incomplete_transactions_sql(relation, scope, reading, ends, transactions, timeout) -%}
-  {%- set identity = cdclake.transaction_identity(reading.id, reading.connector) -%}
+{% macro incomplete_transactions_sql(relation, scope, reading, ends, transactions, timeout, match) -%}
     with landed as (
-      select {{ identity }} as tx, {{ reading.connector }} as connector, {{ reading.collection }} as collection,
+      select {{ cdclake.transaction_identity(reading.id, match) }} as tx, lower({{ reading.collection }}) as collection,
         count(distinct {{ reading.order }}) as seen, min(_cdc_ingested_at) as first_landed
       from {{ relation }}
       where {{ scope }}
-      group by 1, 2, 3
+      group by 1, 2
     ),
     ends as (
-      select {{ ends.id }} as id, d.data_collection as collection, d.event_count as expected
+      select {{ cdclake.transaction_identity(ends.id, match) }} as tx, lower(d.data_collection) as collection, d.event_count as expected
       from {{ transactions }} lateral view outer explode({{ ends.collections }}) listed as d
-      where {{ ends.status }} = 'END'
+      where {{ ends.status }} = 'END' and {{ cdclake.transaction_identity(ends.id, match) }} in (select tx from landed)
     )
     select * from (
-      select l.tx, l.collection, l.seen, count(e.id) as ends,
+      select l.tx, l.collection, l.seen, count(e.tx) as ends,
         max(case when e.collection = l.collection or endswith(e.collection, '.' || l.collection) then e.expected end) as expected,
         concat_ws(', ', sort_array(collect_set(e.collection))) as listed, cast(l.first_landed as string) as first_landed,
         {% if timeout is not none %}l.first_landed < current_timestamp() - make_interval(0, 0, 0, 0, 0, {{ timeout | int }}, 0){% else %}false{% endif %} as timed_out
       from landed l
-      left join ends e on {{ cdclake.transaction_identity('e.id', 'l.connector') }} = l.tx
+      left join ends e on e.tx = l.tx
       group by l.tx, l.collection, l.seen, l.first_landed
     ) where expected is null or seen < expected
     order by first_landed, tx
@@ -134,9 +140,9 @@
 {#-
   The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
   {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
-  value to record (none when silver need not record one)}. `start`: the bronze snapshot the unit began after.
+  value to record (none when silver need not record one)}. `properties`: silver's, as the run read them.
 -#}
-{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
+{% macro without_incomplete_transactions(bronze, changes, end, properties) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
   {%- set transactions = cdclake.transactions_relation(bronze) -%}
   {%- if transactions is none or 'transaction' not in cdclake.describe_columns(bronze) -%}
@@ -145,17 +151,25 @@
   {%- set reading = cdclake.transaction_reading(bronze) -%}
   {%- set ends = cdclake.end_records(transactions) -%}
   {%- set timeout = config.get('transaction_timeout_minutes') -%}
+  {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
+  {#- How ids match is the connector's: decided here, so that each side of the join computes its own. -#}
+  {%- set connectors = run_query('select distinct ' ~ reading.connector ~ ' from ' ~ changes ~ ' where ' ~ reading.id ~ ' is not null').columns[0].values() | list -%}
+  {%- if not connectors %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
+  {%- set matches = [] -%}
+  {%- for connector in connectors %}{% do matches.append('xid' if connector == 'postgresql' else 'id') %}{% endfor -%}
+  {%- if matches | unique | list | length > 1 -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "complete_transactions: its changes come from connectors " ~ connectors | sort | join(', ') ~ ", whose transaction ids match differently; give each its own model") }}
+  {%- endif -%}
+  {%- set match = matches[0] -%}
   {#- Counted in the unit first: a transaction complete there is complete. Only those that are not (split across
       flushes, or replayed in part) are counted again over all of bronze, which a run need not scan otherwise. -#}
-  {%- set in_unit = run_query(cdclake.incomplete_transactions_sql(changes, reading.id ~ ' is not null', reading, ends, transactions, none)).rows -%}
+  {%- set in_unit = run_query(cdclake.incomplete_transactions_sql(changes, reading.id ~ ' is not null', reading, ends, transactions, none, match)).rows -%}
   {%- if not in_unit %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
   {%- set candidates = [] -%}
   {%- for row in in_unit %}{% do candidates.append(row[0]) %}{% endfor -%}
-  {%- set scope = cdclake.of_transactions(reading, candidates | unique | list) -%}
-  {%- set incomplete = cdclake.incomplete_transactions_sql(bronze ~ ' version as of ' ~ (end | int), scope, reading, ends, transactions, timeout) -%}
-  {%- set rows = run_query(incomplete).rows -%}
+  {%- set scope = cdclake.of_transactions(reading, candidates | unique | list, match) -%}
+  {%- set rows = run_query(cdclake.incomplete_transactions_sql(bronze ~ ' version as of ' ~ (end | int), scope, reading, ends, transactions, timeout, match)).rows -%}
   {%- set held = [] -%}
-  {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
   {%- for row in rows -%}
     {%- set tx, collection, seen, ended, matched, listed, first_landed, timed_out = row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7] -%}
     {#- An END that names no data collection of this table: counting cannot work (a connector naming its data
@@ -166,8 +180,8 @@
     {%- set why = ('its END has not landed in ' ~ transactions) if ended == 0 else (seen ~ ' of its ' ~ matched ~ ' changes of ' ~ collection ~ ' have landed') -%}
     {%- if timed_out -%}
       {{ exceptions.warn(prefix ~ "transaction " ~ tx ~ " is incomplete (" ~ why ~ "); its first change landed at " ~ first_landed ~ ", over transaction_timeout_minutes=" ~ timeout ~ " ago: applying what has landed") }}
-    {%- else -%}
-      {%- if loop.index <= 5 -%}
+    {%- elif tx not in held -%}
+      {%- if held | length < 5 -%}
         {{ log("cdclake: " ~ model.alias ~ ": holding the changes of transaction " ~ tx ~ " (" ~ why ~ "; its first change landed at " ~ first_landed ~ ")", info=true) }}
       {%- endif -%}
       {% do held.append(tx) %}
@@ -175,9 +189,18 @@
   {%- endfor -%}
   {%- if not held %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
   {%- if held | length > 5 %}{{ log("cdclake: " ~ model.alias ~ ": holding " ~ held | length ~ " incomplete transactions in all", info=true) }}{% endif -%}
+  {#- Each held transaction keeps the snapshot the run that first held it began after (its changes are all newer:
+      an earlier run would have held or applied them); the next run reads again from the oldest of those only, so
+      the re-read moves on as transactions complete. Held first is oldest: runs move forward. -#}
+  {%- set before = cdclake.held_transactions(properties) or {} -%}
+  {%- set since = {} -%}
+  {%- set ids = [] -%}
+  {%- for id in before.get('ids', []) if id in held %}{% do ids.append(id) %}{% do since.update({id: before.get('since', {}).get(id, before.get('from'))}) %}{% endfor -%}
+  {%- for id in held if id not in ids %}{% do ids.append(id) %}{% do since.update({id: properties.get('cdclake.bronze_snapshot_id')}) %}{% endfor -%}
+  {%- set state = {'from': since[ids[0]], 'ids': ids, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as select * from ' ~ changes ~ ' where ' ~ cdclake.held_changes_filter(reading, held)) %}
-  {{ return({'changes': complete, 'held': held, 'property': tojson({'from': start, 'ids': held | unique | list})}) }}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as select * from ' ~ changes ~ ' where ' ~ cdclake.held_changes_filter(reading, state)) %}
+  {{ return({'changes': complete, 'held': ids, 'property': tojson(state)}) }}
 {%- endmacro %}
 
 

@@ -146,7 +146,7 @@
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), end, properties) -%}
     {%- set changes = completed.changes -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
@@ -169,7 +169,7 @@
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), end, properties) -%}
     {%- set changes = completed.changes -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every

@@ -124,7 +124,7 @@
 {% macro tested_where(model, bronze, bronze_where) -%}
   {%- set held = cdclake.held_transactions(cdclake.table_properties(model)) if execute else none -%}
   {%- if held is none %}{{ return(bronze_where) }}{% endif -%}
-  {%- set kept = cdclake.held_changes_filter(cdclake.transaction_reading(bronze), held.ids) -%}
+  {%- set kept = cdclake.held_changes_filter(cdclake.transaction_reading(bronze), held) -%}
   {{ return(kept if bronze_where is none else '(' ~ bronze_where ~ ') and ' ~ kept) }}
 {%- endmacro %}
 
