@@ -73,6 +73,16 @@ def customers_state(lines: list[dict[str, Any]]) -> dict[int, str]:
     return state
 
 
+def earlier_end(line: dict[str, Any], schemas: bool) -> dict[str, Any]:
+    """A copy of END record ``line`` for a transaction of the same number long before: log position 1, another
+    table's data collection, partition 1 of its topic."""
+    value = orjson.loads(line["payload"])
+    body = value["payload"] if schemas else value
+    body["id"] = body["id"].split(":")[0] + ":1"
+    body["data_collections"] = [{"data_collection": "inventory.other", "event_count": 5}]
+    return {**line, "partition": 1, "offset": 0, "payload": orjson.dumps(value).decode()}
+
+
 @pytest.fixture
 def dumps(tmp_path: Path) -> Path:
     return tmp_path
@@ -130,6 +140,10 @@ def test_changes_of_an_incomplete_transaction_wait_for_the_rest(harness: SilverH
     for unit, indices in enumerate(units):
         for name, lines in (("typed", typed), ("schemaless", schemaless)):
             landing = [lines[at] for at in indices]
+            if unit == 0:
+                # PostgreSQL's transaction numbers wrap: an END of an earlier transaction 734, at a log position
+                # before this one's changes, listing another table, on another partition. It is not 734's END.
+                landing.append(earlier_end(lines[end_734], schemas=name == "typed"))
             if unit == len(units) - 1:
                 # At-least-once: one of 733's two customers changes again, at a later offset. The unit holds 1 of
                 # its 2 changes, bronze both: 733 is complete (and its change, applied already, changes nothing).

@@ -84,6 +84,12 @@
 {%- endmacro %}
 
 
+{#- The log position a PostgreSQL transaction id ends in (`734:22088504`). -#}
+{% macro log_position(id) -%}
+  {{- "cast(substring_index(" ~ id ~ ", ':', -1) as bigint)" -}}
+{%- endmacro %}
+
+
 {#- Whether a bronze row is a change of one of the transactions `ids`. -#}
 {% macro of_transactions(reading, ids, match) -%}
   {%- set quoted = [] -%}
@@ -115,12 +121,14 @@
     with landed as (
       select {{ cdclake.transaction_identity(reading.id, match) }} as tx, lower({{ reading.collection }}) as collection,
         count(distinct {{ reading.order }}) as seen, min(_cdc_ingested_at) as first_landed
+        {%- if match == 'xid' %}, max({{ cdclake.log_position(reading.id) }}) as last_position{% endif %}
       from {{ relation }}
       where {{ scope }}
       group by 1, 2
     ),
     ends as (
       select {{ cdclake.transaction_identity(ends.id, match) }} as tx, lower(d.data_collection) as collection, d.event_count as expected
+        {%- if match == 'xid' %}, {{ cdclake.log_position(ends.id) }} as position{% endif %}
       from {{ transactions }} lateral view outer explode({{ ends.collections }}) listed as d
       where {{ ends.status }} = 'END' and {{ cdclake.transaction_identity(ends.id, match) }} in (select tx from landed)
     )
@@ -130,7 +138,9 @@
         concat_ws(', ', sort_array(collect_set(e.collection))) as listed, cast(l.first_landed as string) as first_landed,
         {% if timeout is not none %}l.first_landed < current_timestamp() - make_interval(0, 0, 0, 0, 0, {{ timeout | int }}, 0){% else %}false{% endif %} as timed_out
       from landed l
-      left join ends e on e.tx = l.tx
+      {#- PostgreSQL's transaction numbers wrap around: the END of an earlier transaction of the same number
+          comes before the changes, the END of this one after them. #}
+      left join ends e on e.tx = l.tx{% if match == 'xid' %} and e.position >= l.last_position{% endif %}
       group by l.tx, l.collection, l.seen, l.first_landed
     ) where expected is null or seen < expected
     order by first_landed, tx
