@@ -1347,6 +1347,8 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         harness.write_model(topic, config, name=name)
     config = "delete_mod='soft', key=['v'], unique_key='v', file_format='delta', contract={'enforced': true}"
     config += ", tblproperties={'format-version': 3}"
+    # Any existing table will do: the topic's changes carry no transaction block.
+    config += f", complete_transactions='{topic.table}', tombstone_horizon_days=1"
     harness.write_model(topic, config, name="bad_options_typo")
     harness.write_model(topic, "", name="bad_options__cdc_batch")  # a name kept for a model's own tables
     log = harness.project / "logs" / "dbt.log"
@@ -1376,6 +1378,11 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         "cdc_silver model 'bad_options_typo': tblproperties sets format-version 3 (cdc_silver's default is 2)"
         in message
     )
+    assert (
+        "cdc_silver model 'bad_options_typo': complete_transactions with tombstone_horizon_days=1: a transaction held "
+        "longer than the horizon has its changes read again after their tombstones may be purged"
+    ) in message
+    assert "set transaction_timeout_minutes below 1440" in message
     held = {
         row["key"]: row["value"] for row in harness.spark.sql("show tblproperties silver.bad_options_typo").collect()
     }
