@@ -242,22 +242,23 @@ def test_the_four_sources_transactions_are_counted_by_their_own_formats(harness:
         changes = [
             (record, payload({"payload": record.value.decode()}))
             for record in stream.records
-            if record.topic == stream.data_topic and record.value is not None
+            if record.topic == stream.data_topic and record.value
         ]
-        last = max(
+        last, value = max(
             (
-                record
+                (record, value)
                 for record, value in changes
                 if int((value.get("transaction") or {}).get("data_collection_order") or 0) > 1
             ),
-            key=lambda record: stream.records.index(record),
+            key=lambda change: stream.records.index(change[0]),
         )
-        tx_id = payload({"payload": last.value.decode()})["transaction"]["id"]
+        tx_id = value["transaction"]["id"]
         held_ids[source] = tx_id  # Informix's changes carry their END's id (its BEGIN's differs)
         missing[source] = last
     # The data topic's records from that change on land in the second unit (a record below an offset bronze holds
     # would be taken for one landed already); the transaction topic's, its END included, in the first.
-    first, second = [], []
+    first: list[dict[str, Any]] = []
+    second: list[dict[str, Any]] = []
     for source, stream in streams.items():
         cut = stream.records.index(missing[source])
         for at, record in enumerate(stream.records):
