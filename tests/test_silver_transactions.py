@@ -285,3 +285,36 @@ def test_the_four_sources_transactions_are_counted_by_their_own_formats(harness:
         assert not catalog.load_table(f"silver.{name}").properties.get(HELD), source
         rows = harness.spark.sql(f"select count(*) as n from silver.{name}").collect()[0]["n"]
         assert rows == len(stream.expected), source
+
+
+def test_changes_landed_before_the_transaction_topic_are_not_held(harness: SilverHarness, dumps: Path) -> None:
+    """A transaction topic that cdclake began to ingest after the data topics (or whose older records were deleted
+    first): the transactions before its first record have no END in bronze. Held, each would wait for good (every
+    transaction of a table's history, on a first build); they are applied as they landed, and said so, while
+    later ones are held as usual."""
+    lines = [line for line in recording("pgtxlate", True) if not line["topic"].endswith(".typed_values")]
+    first_734 = find(lines, "734", "BEGIN")
+    data_before = [line for line in lines[:first_734] if line["topic"].endswith(".customers")]
+    harness.land_lines("late-0", data_before, dumps)  # transactions 728-733, without the transaction topic
+    later = [
+        lines[first_734],
+        *lines[first_734 + 1 : find(lines, "734", "customers", 2)],
+        lines[find(lines, "734", "END")],
+    ]
+    harness.land_lines("late-1", later, dumps)  # 734's BEGIN, END and 2 of its 3 changes
+    tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+    scaffold(tables, harness.project, select="pgtxlate_inventory_customers")
+    model = harness.project / "models" / "silver" / "pgtxlate_inventory_customers.sql"
+    model.write_text(model.read_text().replace(") }}", ", complete_transactions='pgtxlate_transaction') }}", 1))
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size if log.exists() else 0
+    assert run_dbt(harness.settings, ["build", "--select", "pgtxlate_inventory_customers"])
+    message = log.read_bytes()[start:].decode()
+    assert "transaction(s) whose changes landed before the first record of bronze.pgtxlate_transaction" in message
+    assert "holding the changes of transaction 734 (2 of its 3 changes of inventory.customers have landed" in message
+    rows = harness.rows("silver.pgtxlate_inventory_customers", "id, email", "id")
+    assert {row["id"]: row["email"] for row in rows} == customers_state(data_before)
+    held = orjson.loads(
+        load_catalog(harness.settings).load_table("silver.pgtxlate_inventory_customers").properties[HELD]
+    )
+    assert held["ids"] == ["734"]

@@ -19,7 +19,9 @@
   table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
   transaction whose first change landed longer ago than that is applied as it is, with a warning (an END lost, or a
   connector that counts otherwise). Without it a transaction that never completes holds its changes for good, each
-  run warning about it: changes of other transactions are applied meanwhile.
+  run warning about it: changes of other transactions are applied meanwhile. A transaction whose first change
+  landed before the transaction table's first record (a transaction topic ingested later) is not held: no END of it
+  can be expected.
 -#}
 
 {#- The relation complete_transactions names (none without the option). Fails naming it when it does not exist. -#}
@@ -116,7 +118,7 @@
 
 {#- The transactions of the changes in `relation` (those `scope` keeps) that bronze's rows there do not hold all
     of, per data collection: (tx, collection, seen, ENDs found, expected, the END's collections, first landed,
-    timed out), oldest first. -#}
+    timed out, whether its first change landed before the transaction table's first record), oldest first. -#}
 {% macro incomplete_transactions_sql(relation, scope, reading, ends, transactions, timeout, match) -%}
     with landed as (
       select {{ cdclake.transaction_identity(reading.id, match) }} as tx, lower({{ reading.collection }}) as collection,
@@ -136,7 +138,8 @@
       select l.tx, l.collection, l.seen, count(e.tx) as ends,
         max(case when e.collection = l.collection or endswith(e.collection, '.' || l.collection) then e.expected end) as expected,
         concat_ws(', ', sort_array(collect_set(e.collection))) as listed, cast(l.first_landed as string) as first_landed,
-        {% if timeout is not none %}l.first_landed < current_timestamp() - make_interval(0, 0, 0, 0, 0, {{ timeout | int }}, 0){% else %}false{% endif %} as timed_out
+        {% if timeout is not none %}l.first_landed < current_timestamp() - make_interval(0, 0, 0, 0, 0, {{ timeout | int }}, 0){% else %}false{% endif %} as timed_out,
+        coalesce(l.first_landed < (select min(_cdc_ingested_at) from {{ transactions }}), false) as before_transactions
       from landed l
       {#- PostgreSQL's transaction numbers wrap around: the END of an earlier transaction of the same number
           comes before the changes, the END of this one after them. #}
@@ -180,8 +183,12 @@
   {%- set scope = cdclake.of_transactions(reading, candidates | unique | list, match) -%}
   {%- set rows = run_query(cdclake.incomplete_transactions_sql(bronze ~ ' version as of ' ~ (end | int), scope, reading, ends, transactions, timeout, match)).rows -%}
   {%- set held = [] -%}
+  {%- set unknowable = [] -%}
   {%- for row in rows -%}
     {%- set tx, collection, seen, ended, matched, listed, first_landed, timed_out = row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7] -%}
+    {#- Landed before the transaction topic was (a topic ingested later, or records of it deleted before they
+        landed): no END of it can be expected in bronze; held, it would wait for good. -#}
+    {%- if row[8] %}{% do unknowable.append(tx) %}{% continue %}{% endif -%}
     {#- An END that names no data collection of this table: counting cannot work (a connector naming its data
         collections otherwise), and holding would hold for good without saying why. -#}
     {%- if ended > 0 and matched is none -%}
@@ -197,6 +204,9 @@
       {% do held.append(tx) %}
     {%- endif -%}
   {%- endfor -%}
+  {%- if unknowable -%}
+    {{ log("cdclake: " ~ model.alias ~ ": " ~ unknowable | unique | list | length ~ " transaction(s) whose changes landed before the first record of " ~ transactions ~ " (" ~ (unknowable | unique | list)[:3] | join(', ') ~ (', ...' if unknowable | unique | list | length > 3 else '') ~ "): applied as they landed", info=true) }}
+  {%- endif -%}
   {%- if not held %}{{ return({'changes': changes, 'held': [], 'property': recorded}) }}{% endif -%}
   {%- if held | length > 5 %}{{ log("cdclake: " ~ model.alias ~ ": holding " ~ held | length ~ " incomplete transactions in all", info=true) }}{% endif -%}
   {#- Each held transaction keeps the snapshot the run that first held it began after (its changes are all newer:
