@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 
 APPLIED_SNAPSHOT_PROPERTY = "cdclake.bronze_snapshot_id"
 APPLIED_RECORDS_PROPERTY = "cdclake.bronze_records"
-# {"from": the bronze snapshot the held unit began after, "ids": [...]}: the changes of source transactions not yet
-# complete (complete_transactions), which silver's next run reads again from that snapshot on.
+# {"from": the snapshot the next run reads bronze again from, "ids": the held transactions, first held first,
+# "since": per id, the snapshot the run that first held it began after, "match": "xid" or "id", how ids are matched}:
+# the changes of source transactions not yet complete (complete_transactions; dbt_cdclake/macros/transactions.sql).
 HELD_TRANSACTIONS_PROPERTY = "cdclake.held_transactions"
 
 
@@ -64,7 +65,7 @@ def silver_positions(
                     exc,
                 )
                 continue
-            value = _snapshot_id(table.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+            value = integer_property(table.properties.get(APPLIED_SNAPSHOT_PROPERTY))
             if value is not None:
                 positions.setdefault(value, []).append(f"{namespace}.{name}")
                 if loaded is not None:
@@ -79,7 +80,7 @@ def held_from_snapshot(table: Table) -> int | None:
     """The bronze snapshot silver ``table`` reads again from at its next run, while it holds the changes of
     incomplete source transactions (None when it holds none, or holds them since its first run)."""
     start = _held(table).get("from")
-    return _snapshot_id(start) if isinstance(start, str) else None
+    return integer_property(start) if isinstance(start, str) else None
 
 
 def held_transaction_count(table: Table) -> int:
@@ -96,7 +97,8 @@ def _held(table: Table) -> dict[str, Any]:
     return held if isinstance(held, dict) and held.get("ids") else {}
 
 
-def _snapshot_id(value: str | None) -> int | None:
+def integer_property(value: str | None) -> int | None:
+    """A table property that holds an integer (a snapshot id, a count), or None: missing, or not an integer."""
     if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
         return int(value)
     return None

@@ -39,6 +39,7 @@ from ingest.snapshots import (
     ancestors,
     held_from_snapshot,
     held_transaction_count,
+    integer_property,
     silver_positions,
 )
 from ingest.sources.base import TopicSelection
@@ -439,16 +440,9 @@ def apply_watermarks(partitions: list[PartitionStatus], marks: Mapping[TopicPart
 
 
 # -- silver -----------------------------------------------------------------------------------------------------------
-def _parse_int(value: str | None) -> int | None:
-    try:
-        return None if value is None else int(value)
-    except ValueError:
-        return None
-
-
 def silver_status(silver: Table, identifier: str, bronze: Table) -> SilverStatus:
-    applied = _parse_int(silver.properties.get(APPLIED_SNAPSHOT_PROPERTY))
-    applied_records = _parse_int(silver.properties.get(APPLIED_RECORDS_PROPERTY))
+    applied = integer_property(silver.properties.get(APPLIED_SNAPSHOT_PROPERTY))
+    applied_records = integer_property(silver.properties.get(APPLIED_RECORDS_PROPERTY))
     current = silver.current_snapshot()
     last_commit = None if current is None else _utc_ms(current.timestamp_ms)
     applied_snapshot = None if applied is None else bronze.snapshot_by_id(applied)

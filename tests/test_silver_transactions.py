@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from ingest.bronze.naming import bronze_table_name
 from ingest.bronze.tables import BronzeTables
 from ingest.dbt_runner import run_dbt
 from ingest.fakes import SOURCES, build_stream
-from ingest.fakes.records import kcat_line
+from ingest.fakes.records import KafkaRecord, kcat_line
 from ingest.lakehouse import load_catalog
 from ingest.scaffold import model_yaml, scaffold
 from tests.conftest import FIXTURES
@@ -318,3 +319,66 @@ def test_changes_landed_before_the_transaction_topic_are_not_held(harness: Silve
         load_catalog(harness.settings).load_table("silver.pgtxlate_inventory_customers").properties[HELD]
     )
     assert held["ids"] == ["734"]
+
+
+def test_later_changes_of_a_held_changes_key_wait_with_it(harness: SilverHarness, dumps: Path) -> None:
+    """MongoDB in change_streams mode: an update carries only its patch, folded onto the document's previous
+    image. A transaction that inserts a document is held (one of its changes, on another partition, has not
+    landed) while a later, complete transaction updates the document: the update waits with the insert, since
+    applied alone it would patch a document silver does not hold. Once the missing change lands, both are applied
+    and silver equals the source."""
+    from ingest.demo import check_source
+
+    stream = build_stream("mongodb", seed=0, n_keys=4, n_changes=40, partitions=2, capture_mode="change_streams")
+    prefix = stream.data_topic.split(".")[0]  # topics of their own: the harness's catalog is shared
+
+    def line(record: KafkaRecord) -> dict[str, Any]:
+        renamed = dataclasses.replace(record, topic=record.topic.replace(prefix, "heldkey", 1))
+        return dict(orjson.loads(kcat_line(renamed)))
+
+    data = [
+        (at, record, payload({"payload": record.value.decode()}))
+        for at, record in enumerate(stream.records)
+        if record.topic == stream.data_topic and record.value
+    ]
+
+    def tx_of(change: dict[str, Any]) -> str | None:
+        return (change.get("transaction") or {}).get("id")
+
+    # An insert, a change of its transaction after it on the other partition, and a later patch of its document.
+    insert_at, missing_at, patch_at = next(
+        (at, other_at, patch)
+        for at, record, change in data
+        if change["op"] == "c" and tx_of(change)
+        for other_at, other, other_change in data
+        if other_at > at and other.partition != record.partition and tx_of(other_change) == tx_of(change)
+        for patch, later, later_change in data
+        if patch > at and later.key == record.key and later_change["op"] == "u" and tx_of(later_change) != tx_of(change)
+    )
+    held_tx = next(str(tx_of(change)) for at, _, change in data if at == insert_at)
+    missing_partition = stream.records[missing_at].partition
+    later = [
+        at >= missing_at and record.topic == stream.data_topic and record.partition == missing_partition
+        for at, record in enumerate(stream.records)
+    ]
+    assert not later[patch_at]
+    harness.land_lines("held-key-0", [line(r) for r, x in zip(stream.records, later, strict=True) if not x], dumps)
+    tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+    name = bronze_table_name(stream.data_topic.replace(prefix, "heldkey", 1))
+    scaffold(tables, harness.project, select=name)
+    model = harness.project / "models" / "silver" / f"{name}.sql"
+    transactions = bronze_table_name(stream.transaction_topic.replace(prefix, "heldkey", 1))
+    model.write_text(model.read_text().replace(") }}", f", complete_transactions='{transactions}') }}}}", 1))
+    assert run_dbt(harness.settings, ["build", "--select", name])
+    held = orjson.loads(load_catalog(harness.settings).load_table(f"silver.{name}").properties[HELD])
+    assert held_tx in held["ids"]  # with others whose changes on that partition have not landed
+    document = orjson.loads(stream.records[insert_at].key or b"{}")["payload"]["id"]
+    rows = harness.spark.sql(f"select id from silver.{name}").collect()
+    assert document not in [row["id"] for row in rows]
+    assert len(rows) > 0
+    harness.land_lines("held-key-1", [line(r) for r, x in zip(stream.records, later, strict=True) if x], dumps)
+    assert run_dbt(harness.settings, ["build", "--select", name])
+    assert not load_catalog(harness.settings).load_table(f"silver.{name}").properties.get(HELD)
+    check = check_source(harness.spark, stream, name, "silver")
+    assert check.mismatches == []
+    assert check.silver_rows == check.expected_rows

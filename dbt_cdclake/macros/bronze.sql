@@ -67,14 +67,9 @@
 {%- endmacro %}
 
 
-{#- Keys, image columns and expressions for one model. Fails with a clear message for a table without a key. -#}
-{% macro silver_layout(bronze, input_sql) -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
-  {%- set key_type = types.get('key', '') -%}
-  {%- set after_type = types.get('after', '') -%}
-  {%- set typed_key = key_type.startswith('struct') -%}
-  {%- set document = not after_type.startswith('struct') -%}
-  {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if typed_key else [] -%}
+{#- The model's key columns: config keys, else the fields of the Kafka key (`key_fields`). Fails with a clear message
+    for a table without a key. -#}
+{% macro model_keys(bronze, key_fields) -%}
   {%- set keys = config.get('keys') -%}
   {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if not keys -%}
@@ -83,6 +78,19 @@
   {%- if not keys -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': bronze table " ~ bronze ~ " has no key (the source table has no primary key, or records carry no key schema); name the key columns with config(keys=[...])") }}
   {%- endif -%}
+  {{ return(keys) }}
+{%- endmacro %}
+
+
+{#- Keys, image columns and expressions for one model. Fails with a clear message for a table without a key. -#}
+{% macro silver_layout(bronze, input_sql) -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set key_type = types.get('key', '') -%}
+  {%- set after_type = types.get('after', '') -%}
+  {%- set typed_key = key_type.startswith('struct') -%}
+  {%- set document = not after_type.startswith('struct') -%}
+  {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if typed_key else [] -%}
+  {%- set keys = cdclake.model_keys(bronze, key_fields) -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types, key_fields) -%}
   {%- set key_exprs = reading.exprs -%}
   {%- set image_columns = [] -%}

@@ -12,11 +12,11 @@
   PostgreSQL's transaction ids end in a position that differs between a transaction's events and its END
   (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
 
-  A held change stays out of everything the run applies; the run records, per held transaction, where the run that
-  first held it began, and the next run reads bronze again from the oldest of those (applying a change again is
-  harmless: the ordering guard ignores it), so the held
-  changes are applied by the first run that finds their transaction complete: even when only the transaction
-  table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
+  A held change, and the later changes of its key (without_held_changes_sql), stay out of everything the run
+  applies; the run records, per held transaction, where the run that first held it began, and the next run reads
+  bronze again from the oldest of those (applying a change again is harmless: the ordering guard ignores it), so
+  the held changes are applied by the first run that finds their transaction complete: even when only the
+  transaction table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
   transaction whose first change landed longer ago than that is applied as it is, with a warning (an END lost, or a
   connector that counts otherwise). Without it a transaction that never completes holds its changes for good, each
   run warning about it: changes of other transactions are applied meanwhile. A transaction whose first change
@@ -40,8 +40,8 @@
 
 {#- How a bronze row's transaction is read, typed or schemaless: {'id', 'order' (data_collection_order),
     'connector', 'collection' (its data collection as `<schema or db>.<table or collection>`)}. -#}
-{% macro transaction_reading(bronze) -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
+{% macro transaction_reading(bronze, types=none) -%}
+  {%- set types = types if types is not none else cdclake.describe_columns(bronze) -%}
   {%- if types.get('transaction', '').startswith('struct') -%}
     {%- set id, order = 'transaction.id', 'transaction.data_collection_order' -%}
   {%- else -%}
@@ -100,12 +100,6 @@
 {%- endmacro %}
 
 
-{#- The condition that leaves out the changes of the transactions `held` holds, for reads of bronze's rows. -#}
-{% macro held_changes_filter(reading, held) -%}
-  {{- 'not ' ~ cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -}}
-{%- endmacro %}
-
-
 {#- What silver recorded as held (cdclake.held_transactions): {'ids': the transactions, first held first; 'since':
     per transaction, the bronze snapshot the run that first held it began after (none: all of bronze); 'from': the
     first one's, where the next run reads bronze again from; 'match': how ids are matched (transaction_identity)},
@@ -158,10 +152,11 @@
 {% macro without_incomplete_transactions(bronze, changes, end, properties) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
   {%- set transactions = cdclake.transactions_relation(bronze) -%}
-  {%- if transactions is none or 'transaction' not in cdclake.describe_columns(bronze) -%}
+  {%- set types = cdclake.describe_columns(bronze) if transactions is not none else {} -%}
+  {%- if 'transaction' not in types -%}
     {{ return({'changes': changes, 'held': [], 'property': recorded}) }}
   {%- endif -%}
-  {%- set reading = cdclake.transaction_reading(bronze) -%}
+  {%- set reading = cdclake.transaction_reading(bronze, types) -%}
   {%- set ends = cdclake.end_records(transactions) -%}
   {%- set timeout = config.get('transaction_timeout_minutes') -%}
   {%- set prefix = "cdc_silver model '" ~ model.name ~ "': " -%}
@@ -219,8 +214,40 @@
   {%- for id in held if id not in ids %}{% do ids.append(id) %}{% do since.update({id: properties.get('cdclake.bronze_snapshot_id')}) %}{% endfor -%}
   {%- set state = {'from': since[ids[0]], 'ids': ids, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as select * from ' ~ changes ~ ' where ' ~ cdclake.held_changes_filter(reading, state)) %}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, cdclake.model_key_exprs(bronze, types), reading, state)) %}
   {{ return({'changes': complete, 'held': ids, 'property': tojson(state)}) }}
+{%- endmacro %}
+
+
+{#- The rows of `changes` (a relation, or a parenthesised query) but the changes of the transactions `held` holds
+    and, for each key one of those changes, the later changes of that key (by source position; `key_exprs`, the
+    key read from a bronze row): applied before the held change they follow, a partial image (a MongoDB patch, an
+    unavailable-value placeholder) would have no image to fold onto, and a full one would show the key's later
+    state before its transaction is complete. They are read again with the held ones. -#}
+{% macro without_held_changes_sql(changes, key_exprs, reading, held) -%}
+  {%- set parts = [] -%}
+  {%- for expr in key_exprs %}{% do parts.append("'k" ~ loop.index ~ "', " ~ expr) %}{% endfor -%}
+  {%- set key = 'named_struct(' ~ parts | join(', ') ~ ')' -%}
+  {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
+    select c.* from {{ changes }} c
+    left anti join (
+      select {{ key }} as k, min({{ cdclake.change_position('h') }}) as p
+      from {{ changes }} h
+      where {{ of_held }}
+      group by 1
+    ) held on {{ key }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
+    where not {{ of_held }}
+{%- endmacro %}
+
+
+{#- The keys a model's rows have, as key_reading reads them from a bronze row. -#}
+{% macro model_key_exprs(bronze, types) -%}
+  {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if types.get('key', '').startswith('struct') else [] -%}
+  {%- set keys = cdclake.model_keys(bronze, key_fields) -%}
+  {%- set exprs = cdclake.key_reading(bronze, keys, types, key_fields).exprs -%}
+  {%- set listed = [] -%}
+  {%- for key in keys %}{% do listed.append(exprs[key]) %}{% endfor -%}
+  {{ return(listed) }}
 {%- endmacro %}
 
 

@@ -83,15 +83,22 @@
 
 {#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op, its `after`,
     `_cdc_partial`: whether its image may be partial: an update, or a primary-key change's create); with `snapshot`,
-    over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps. -#}
-{% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none) -%}
+    over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps; with
+    `held` (tested_held), without the changes silver holds back. -#}
+{% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none, held=none) -%}
   {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
   {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
   {%- set types = cdclake.describe_columns(bronze) if execute else {} -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
   {%- set key_exprs = reading.exprs -%}
+  {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') ~ kept -%}
+  {%- if held is not none and execute -%}
+    {%- set listed = [] -%}
+    {%- for key in keys %}{% do listed.append(key_exprs[key]) %}{% endfor -%}
+    {%- set read = cdclake.without_held_changes_sql('(' ~ read ~ ')', listed, cdclake.transaction_reading(bronze, types), held) -%}
+  {%- endif -%}
   {#- An update that moved its row to another key deletes the old key, as the model applies it. -#}
-  {%- set rows = cdclake.with_key_changes('select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') ~ kept, types.keys() | list, reading.moves) -%}
+  {%- set rows = cdclake.with_key_changes(read, types.keys() | list, reading.moves) -%}
   select * from (
     select
       {%- for key in keys %}
@@ -119,13 +126,10 @@
 {%- endmacro %}
 
 
-{#- The bronze rows a test recomputes from: those the model's `where` keeps (`bronze_where`), less the changes of
-    the transactions silver holds until they are complete (complete_transactions, transactions.sql). -#}
-{% macro tested_where(model, bronze, bronze_where) -%}
-  {%- set held = cdclake.held_transactions(cdclake.table_properties(model)) if execute else none -%}
-  {%- if held is none %}{{ return(bronze_where) }}{% endif -%}
-  {%- set kept = cdclake.held_changes_filter(cdclake.transaction_reading(bronze), held) -%}
-  {{ return(kept if bronze_where is none else '(' ~ bronze_where ~ ') and ' ~ kept) }}
+{#- The transactions silver holds until they are complete (complete_transactions, transactions.sql), whose changes
+    (and the later changes of their keys) the tests leave out of the recomputation; none when nothing is held. -#}
+{% macro tested_held(model) -%}
+  {{ return(cdclake.held_transactions(cdclake.table_properties(model)) if execute else none) }}
 {%- endmacro %}
 
 
@@ -173,7 +177,7 @@
       {%- set value = 'after.' ~ cdclake.quote(column.field) %}
       case when {{ column.skip }} then null else named_struct('v', {% if column.type %}cast({{ value }} as {{ column.type }}){% else %}{{ value }}{% endif %}) end as _cdc_value_{{ loop.index0 }}
       {%- endfor %}
-    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), cdclake.tested_where(model, bronze, bronze_where)) }}) where _cdc_op <> 'd'
+    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where, cdclake.tested_held(model)) }}) where _cdc_op <> 'd'
   ),
   actual as (
     select {{ key_list }}{{ shape.order }} as _cdc_order, _cdc_op
@@ -210,7 +214,7 @@
   {%- set shape = cdclake.silver_shape(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
-  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), cdclake.tested_where(model, bronze, bronze_where)) }}) latest
+  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where, cdclake.tested_held(model)) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
   where latest._cdc_op = 'd' and {{ shape.live }}
 {% endtest %}
