@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import And, EqualTo, In, Or
 from pyiceberg.table import Table
-from sqlalchemy.exc import OperationalError
 
 from ingest.bronze.dead_letters import landed_up_to
 from ingest.bronze.naming import DEAD_LETTER_TABLE
@@ -45,11 +43,11 @@ from ingest.bronze.tables import (
     BronzeTables,
     decode_offsets,
     held_coordinates,
+    retry_commit,
     without_pyiceberg_retries,
 )
 from ingest.config import Settings
 from ingest.debezium.envelope import RawRecord
-from ingest.errors import CommitError
 from ingest.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -247,22 +245,21 @@ def _delete_dead_letters(tables: BronzeTables, landed: list[tuple[str, int, int,
         for (topic, partition, destination), offsets in sorted(parts.items())
     ]
     condition = conditions[0] if len(conditions) == 1 else Or(*conditions)
-    delay = 0.05
-    for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+
+    def delete() -> None:
         table = tables.load(DEAD_LETTER_TABLE)
         assert table is not None
         # Its rewritten files must not be re-based on another writer's (a compaction's) without reading them again.
         without_pyiceberg_retries(table)
-        try:
-            with warnings.catch_warnings():  # the table asks for merge-on-read deletes, which pyiceberg cannot write
-                warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
-                table.delete(delete_filter=condition, snapshot_properties={REPLAYED_PROPERTY: str(len(landed))})
-            return
-        except (CommitFailedException, OperationalError) as exc:
-            if attempt == _COMMIT_ATTEMPTS:
-                raise CommitError(
-                    f"{tables.identifier(DEAD_LETTER_TABLE)}: deleting {len(landed)} replayed dead letter(s) failed "
-                    f"{attempt} times (they are in their data tables: run the replay again), last: {exc}"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        with warnings.catch_warnings():  # the table asks for merge-on-read deletes, which pyiceberg cannot write
+            warnings.filterwarnings("ignore", "Merge on read is not yet supported", UserWarning)
+            table.delete(delete_filter=condition, snapshot_properties={REPLAYED_PROPERTY: str(len(landed))})
+
+    retry_commit(
+        delete,
+        _COMMIT_ATTEMPTS,
+        lambda attempts: (
+            f"{tables.identifier(DEAD_LETTER_TABLE)}: deleting {len(landed)} replayed dead letter(s) "
+            f"failed {attempts} times (they are in their data tables: run the replay again)"
+        ),
+    )

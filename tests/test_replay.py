@@ -219,3 +219,34 @@ def test_a_mapped_topics_record_that_still_conflicts_stays_a_dead_letter(tmp_pat
         "the log names why each still fails; `cdclake status` shows the latest reason per topic\n"
     )
     assert len(bronze(settings, "validity")) == len(finite)
+
+
+def test_a_dead_letter_delete_beaten_by_another_writer_is_retried(
+    lakehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer (a compaction, a second replay) commits to the dead-letter table between the replay's read of
+    it and its delete: the catalog refuses the stale commit, and the replay deletes again from the table's latest
+    state, once, leaving no dead letter behind."""
+    from pyiceberg.table import Table
+
+    settings = make_settings(lakehouse)
+    ingest_file(settings, validity_dump(tmp_path / "dump.jsonl", range(N)))
+    deletes: list[int] = []
+    delete = Table.delete
+
+    def beaten_once(table: Table, *args: Any, **kwargs: Any) -> None:
+        deletes.append(len(deletes))
+        if len(deletes) == 1:
+            # A compaction's commit: the same rows in new files, a new snapshot.
+            other = load_catalog(settings).load_table(f"bronze.{DEAD_LETTER_TABLE}")
+            other.overwrite(other.scan().to_arrow(), snapshot_properties={"another.writer": "was here"})
+        delete(table, *args, **kwargs)
+
+    monkeypatch.setattr(Table, "delete", beaten_once)
+    clamped = make_settings(lakehouse, ingest={"infinite_timestamps": "clamp"})
+    assert replay(clamped).startswith(f"{TOPIC}: 4 landed, 0 still dead letters")
+    assert deletes == [0, 1]
+    assert not bronze(clamped, DEAD_LETTER_TABLE)
+    assert [row["_cdc_offset"] for row in bronze(clamped, TABLE)] == list(range(N))
+    snapshots = load_catalog(settings).load_table(f"bronze.{DEAD_LETTER_TABLE}").snapshots()
+    assert [s.summary.get("another.writer") for s in snapshots[-2:]] == ["was here", None]  # then the delete

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -37,6 +37,7 @@ from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
 from ingest.errors import CommitError, DecodeError, TypeConflictError
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 OFFSETS_PROPERTY = "cdclake.offsets"
 LAYOUT_PROPERTY = "cdclake.layout"
@@ -143,6 +144,29 @@ def _conformed(batch: TableBatch, table: Table) -> TableBatch:
 DEAD_LETTER_KIND = "dead_letter"  # TableBatch.kind of the dead-letter table's batches
 
 
+def retry_commit(
+    commit: Callable[[], _T],
+    attempts: int,
+    failed: Callable[[int], str],
+    on_conflict: Callable[[int, Exception], None] | None = None,
+) -> _T:
+    """``commit()``, run again from the table's latest state while another writer's commit (a conflict, or the SQL
+    catalog's lock) beats it, backing off from 50 ms to 2 s; after ``attempts`` a CommitError saying ``failed(n)``
+    and the last conflict. ``commit`` must load the table itself: a retry must not re-base stale work."""
+    delay = 0.05
+    for attempt in range(1, attempts + 1):
+        try:
+            return commit()
+        except (CommitFailedException, OperationalError) as exc:
+            if attempt == attempts:
+                raise CommitError(f"{failed(attempt)}, last: {exc}") from exc
+            if on_conflict is not None:
+                on_conflict(attempt, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
+
+
 @dataclass
 class TableBatch:
     """Rows for one bronze table from one flush, with the offsets they cover."""
@@ -240,21 +264,18 @@ class BronzeTables:
     def commit(self, batch: TableBatch, on_retry: Callable[[str], None] | None = None) -> int:
         """Append ``batch`` and its offsets in one commit, retrying on conflicts (``on_retry`` is told the table's
         name before each retry: a metric). Returns rows written."""
-        delay = 0.05
-        for attempt in range(1, self.commit_attempts + 1):
-            try:
-                return self._commit_once(batch)
-            except (CommitFailedException, OperationalError) as exc:
-                if attempt == self.commit_attempts:
-                    raise CommitError(
-                        f"bronze table {self.identifier(batch.name)}: commit failed {attempt} times, last: {exc}"
-                    ) from exc
-                log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
-                if on_retry is not None:
-                    on_retry(batch.name)
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+
+        def conflict(attempt: int, exc: Exception) -> None:
+            log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
+            if on_retry is not None:
+                on_retry(batch.name)
+
+        return retry_commit(
+            lambda: self._commit_once(batch),
+            self.commit_attempts,
+            lambda attempts: f"bronze table {self.identifier(batch.name)}: commit failed {attempts} times",
+            conflict,
+        )
 
     def _commit_once(self, batch: TableBatch) -> int:
         table = self.load(batch.name)
