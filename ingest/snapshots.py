@@ -99,9 +99,12 @@ def _held(table: Table) -> dict[str, Any]:
 
 def integer_property(value: str | None) -> int | None:
     """A table property that holds an integer (a snapshot id, a count), or None: missing, or not an integer."""
-    if value is not None and value.lstrip("-").isascii() and value.lstrip("-").isdigit():
+    if value is None or not value.isascii():  # int() takes other digits too ("１２")
+        return None
+    try:
         return int(value)
-    return None
+    except ValueError:
+        return None
 
 
 def _table_names(catalog: Catalog, namespace: str) -> list[str]:

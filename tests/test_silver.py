@@ -1378,11 +1378,8 @@ def test_an_option_of_the_wrong_kind_fails_the_run_naming_it(harness: SilverHarn
         "cdc_silver model 'bad_options_typo': tblproperties sets format-version 3 (cdc_silver's default is 2)"
         in message
     )
-    assert (
-        "cdc_silver model 'bad_options_typo': complete_transactions with tombstone_horizon_days=1: a transaction held "
-        "longer than the horizon has its changes read again after their tombstones may be purged"
-    ) in message
-    assert "set transaction_timeout_minutes below 1440" in message
+    # Both: tombstones wait while a transaction is held (test_silver_transactions.py), so there is no warning.
+    assert "complete_transactions with tombstone_horizon_days" not in message
     held = {
         row["key"]: row["value"] for row in harness.spark.sql("show tblproperties silver.bad_options_typo").collect()
     }

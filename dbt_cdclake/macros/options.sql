@@ -52,12 +52,7 @@
   {%- if value is not none and config.get('complete_transactions') is none -%}
     {{ exceptions.raise_compiler_error(prefix ~ "transaction_timeout_minutes applies to complete_transactions, which the model does not set") }}
   {%- endif -%}
-  {%- set timeout = value -%}
   {%- set value = config.get('complete_transactions') -%}
-  {#- A held transaction's unit is read again after its tombstones may have been purged (docs/silver.md, "Not yet"). -#}
-  {%- if value is not none and horizon is not none and (timeout is none or timeout | int >= horizon | int * 1440) -%}
-    {{ exceptions.warn(prefix ~ "complete_transactions with tombstone_horizon_days=" ~ horizon ~ ": a transaction held longer than the horizon has its changes read again after their tombstones may be purged, which can bring a deleted key back; set transaction_timeout_minutes below " ~ horizon | int * 1440) }}
-  {%- endif -%}
   {%- if value is not none and (value is not string or value == '' or value.split('.') | length > 2) -%}
     {{ exceptions.raise_compiler_error(prefix ~ "complete_transactions must name the bronze table of the connector's transaction topic ('dbserver1_transaction', or 'schema.table'), not " ~ cdclake.shown(value)) }}
   {%- endif -%}

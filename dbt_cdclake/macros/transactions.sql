@@ -13,15 +13,16 @@
   (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
 
   A held change, and the later changes of its key (without_held_changes_sql), stay out of everything the run
-  applies; the run records, per held transaction, where the run that first held it began, and the next run reads
-  bronze again from the oldest of those (applying a change again is harmless: the ordering guard ignores it), so
-  the held changes are applied by the first run that finds their transaction complete: even when only the
-  transaction table has grown since (such a run does not take silver for up to date). Config transaction_timeout_minutes: a
-  transaction whose first change landed longer ago than that is applied as it is, with a warning (an END lost, or a
-  connector that counts otherwise). Without it a transaction that never completes holds its changes for good, each
-  run warning about it: changes of other transactions are applied meanwhile. A transaction whose first change
-  landed before the transaction table's first record (a transaction topic ingested later) is not held: no END of it
-  can be expected.
+  applies; the run records, per held transaction, where the run that first held it began (where this run began,
+  for one whose key holds back later changes), and the next run reads bronze again from the oldest of those
+  (applying a change again is harmless: the ordering guard ignores it), so the held changes are applied by the
+  first run that finds their transaction complete: even when only the transaction table has grown since (such a
+  run does not take silver for up to date). Config transaction_timeout_minutes: a transaction whose first change
+  landed longer ago than that is applied as it is, with a warning (an END lost, or a connector that counts
+  otherwise). Without it a transaction that never completes holds its changes for good, each run warning about
+  it: changes of other transactions are applied meanwhile, but for those of its keys that come after its own. A
+  transaction whose first change landed before the transaction table's first record (a transaction topic ingested
+  later) is not held: no END of it can be expected.
 -#}
 
 {#- The relation complete_transactions names (none without the option). Fails naming it when it does not exist. -#}
@@ -149,7 +150,7 @@
   {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
   value to record (none when silver need not record one)}. `properties`: silver's, as the run read them.
 -#}
-{% macro without_incomplete_transactions(bronze, changes, end, properties) -%}
+{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
   {%- set transactions = cdclake.transactions_relation(bronze) -%}
   {%- set types = cdclake.describe_columns(bronze) if transactions is not none else {} -%}
@@ -206,16 +207,26 @@
   {%- if held | length > 5 %}{{ log("cdclake: " ~ model.alias ~ ": holding " ~ held | length ~ " incomplete transactions in all", info=true) }}{% endif -%}
   {#- Each held transaction keeps the snapshot the run that first held it began after (its changes are all newer:
       an earlier run would have held or applied them); the next run reads again from the oldest of those only, so
-      the re-read moves on as transactions complete. Held first is oldest: runs move forward. -#}
+      the re-read moves on as transactions complete. Held first is oldest (but see below): runs move forward. -#}
   {%- set before = cdclake.held_transactions(properties) or {} -%}
   {%- set since = {} -%}
   {%- set ids = [] -%}
   {%- for id in before.get('ids', []) if id in held %}{% do ids.append(id) %}{% do since.update({id: before.get('since', {}).get(id, before.get('from'))}) %}{% endfor -%}
   {%- for id in held if id not in ids %}{% do ids.append(id) %}{% do since.update({id: properties.get('cdclake.bronze_snapshot_id')}) %}{% endfor -%}
-  {%- set state = {'from': since[ids[0]], 'ids': ids, 'since': since, 'match': match} -%}
+  {#- A held transaction whose keys have later changes of other transactions waiting with its own keeps where this
+      run's unit began, the oldest snapshot any of them can have: those changes may have landed before its own (a
+      key's changes out of order across partitions), and must be read again as long as they wait. It goes first,
+      so that the first id's is still where the next run reads from. -#}
+  {%- set key_exprs = cdclake.model_key_exprs(bronze, types) -%}
+  {%- set pending = {'ids': ids, 'match': match} -%}
+  {%- set holders = run_query(cdclake.key_holding_transactions_sql(changes, key_exprs, reading, pending)).columns[0].values() | list -%}
+  {%- set ordered = [] -%}
+  {%- for id in ids if id in holders %}{% do ordered.append(id) %}{% do since.update({id: start}) %}{% endfor -%}
+  {%- for id in ids if id not in holders %}{% do ordered.append(id) %}{% endfor -%}
+  {%- set state = {'from': since[ordered[0]], 'ids': ordered, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, cdclake.model_key_exprs(bronze, types), reading, state)) %}
-  {{ return({'changes': complete, 'held': ids, 'property': tojson(state)}) }}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, key_exprs, reading, state)) %}
+  {{ return({'changes': complete, 'held': ordered, 'property': tojson(state)}) }}
 {%- endmacro %}
 
 
@@ -225,9 +236,7 @@
     unavailable-value placeholder) would have no image to fold onto, and a full one would show the key's later
     state before its transaction is complete. They are read again with the held ones. -#}
 {% macro without_held_changes_sql(changes, key_exprs, reading, held) -%}
-  {%- set parts = [] -%}
-  {%- for expr in key_exprs %}{% do parts.append("'k" ~ loop.index ~ "', " ~ expr) %}{% endfor -%}
-  {%- set key = 'named_struct(' ~ parts | join(', ') ~ ')' -%}
+  {%- set key = cdclake.key_struct(key_exprs) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
     select c.* from {{ changes }} c
     left anti join (
@@ -237,6 +246,30 @@
       group by 1
     ) held on {{ key }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
     where not {{ of_held }}
+{%- endmacro %}
+
+
+{#- The held transactions (of `held`) whose changes hold back later changes of their keys in `changes`, changes of
+    other transactions or of none (without_held_changes_sql). -#}
+{% macro key_holding_transactions_sql(changes, key_exprs, reading, held) -%}
+  {%- set key = cdclake.key_struct(key_exprs) -%}
+  {%- set match = held.get('match', 'id') -%}
+  {%- set of_held = cdclake.of_transactions(reading, held.ids, match) -%}
+    select distinct h.tx from (
+      select {{ key }} as k, {{ cdclake.change_position('c') }} as p, {{ cdclake.transaction_identity(reading.id, match) }} as tx
+      from {{ changes }} c where {{ of_held }}
+    ) h
+    join (
+      select {{ key }} as k, {{ cdclake.change_position('c') }} as p from {{ changes }} c where not {{ of_held }}
+    ) w on w.k <=> h.k and w.p >= h.p
+{%- endmacro %}
+
+
+{#- A row's key as one value: a struct of `key_exprs` (key_reading's, read from a bronze row). -#}
+{% macro key_struct(key_exprs) -%}
+  {%- set parts = [] -%}
+  {%- for expr in key_exprs %}{% do parts.append("'k" ~ loop.index ~ "', " ~ expr) %}{% endfor -%}
+  {{- 'named_struct(' ~ parts | join(', ') ~ ')' -}}
 {%- endmacro %}
 
 

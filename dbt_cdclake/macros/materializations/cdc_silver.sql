@@ -138,7 +138,7 @@
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
     {#- The horizon passes whether or not the table changes: a quiet table purges too. -#}
-    {%- if horizon is not none and existing is not none and history != 'scd2' -%}
+    {%- if horizon is not none and existing is not none and history != 'scd2' and held is none -%}
       {% do cdclake.purge_past_horizon(target, tombstones, delete_mode, horizon) %}
     {%- endif -%}
   {%- elif existing is none and cdclake.awaiting_keys(bronze, end) -%}
@@ -146,7 +146,7 @@
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
     {%- set changes = completed.changes -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
@@ -169,8 +169,11 @@
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
     {%- set changes = completed.changes -%}
+    {#- While transactions are held, the next run reads again changes this one applied: the tombstones (and
+        soft-deleted rows) that make them change nothing stay until then, past the horizon or not. -#}
+    {%- if completed.held %}{% set horizon = none %}{% endif -%}
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
         bronze column (docs/silver.md). -#}

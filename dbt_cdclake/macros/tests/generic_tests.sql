@@ -91,12 +91,14 @@
   {%- set types = cdclake.describe_columns(bronze) if execute else {} -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
   {%- set key_exprs = reading.exprs -%}
-  {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') ~ kept -%}
+  {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') -%}
+  {#- Held changes first, the model's `where` after, as the model reads them (its SQL reads what is not held). -#}
   {%- if held is not none and execute -%}
     {%- set listed = [] -%}
     {%- for key in keys %}{% do listed.append(key_exprs[key]) %}{% endfor -%}
     {%- set read = cdclake.without_held_changes_sql('(' ~ read ~ ')', listed, cdclake.transaction_reading(bronze, types), held) -%}
   {%- endif -%}
+  {%- set read = 'select * from (' ~ read ~ ') read_rows' ~ kept if kept else read -%}
   {#- An update that moved its row to another key deletes the old key, as the model applies it. -#}
   {%- set rows = cdclake.with_key_changes(read, types.keys() | list, reading.moves) -%}
   select * from (
@@ -114,7 +116,7 @@
       {#- the latest truncate voids every change older than it -#}
       and not coalesce(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset) < (
         select max(named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset))
-        from {{ bronze }}{% if snapshot %} version as of {{ snapshot }}{% endif %} where op = 't'{% if bronze_where is not none %} and ({{ bronze_where }}){% endif %}), false)
+        from ({{ read }}) truncates where op = 't'), false)
   ) where _cdc_rank = 1
 {%- endmacro %}
 
