@@ -446,42 +446,55 @@ class TransactedTopic:
             described.write_text(yaml.safe_dump(yml))
 
 
-def test_tombstones_stay_while_a_transaction_is_held(harness: SilverHarness, dumps: Path) -> None:
+@pytest.mark.parametrize("mode", ["hard", pytest.param("soft", marks=pytest.mark.slow)])
+def test_tombstones_stay_while_a_transaction_is_held(harness: SilverHarness, dumps: Path, mode: str) -> None:
     """Each run reads bronze again from where its oldest held transaction began, changes applied already included.
     Key 1 is created and deleted; a replay of its create lands beside a held transaction's change and is ignored, as
-    older than key 1's tombstone. Were that tombstone purged past `tombstone_horizon_days` while the transaction is
-    still held, the next re-read would bring key 1 back: purges wait until nothing is held."""
-    source = TransactedTopic(harness.topic("held_horizon"))
+    older than key 1's tombstone (with soft deletes, its soft-deleted row). Were that purged past
+    `tombstone_horizon_days` while the transaction is still held, the next re-read would bring key 1 back: purges
+    wait until nothing is held."""
+    source = TransactedTopic(harness.topic(f"held_horizon_{mode}"))
     topic = source.topic
+
+    def deleted() -> list[int]:  # the tombstones, or silver's soft-deleted rows
+        if mode == "hard":
+            return tombstone_keys(harness, topic)
+        rows = harness.spark.sql(f"select id from silver.{topic.table} where _cdc_deleted order by id").collect()
+        return [row["id"] for row in rows]
+
+    def live() -> dict[int, str | None]:
+        return harness.silver(topic, "true" if mode == "hard" else "not _cdc_deleted")
+
     harness.land_lines(
         "horizon-0",
         [*source.changes([Change("c", 1, 10, "a"), Change("d", 1, 20)], [("a", 1), ("b", 1)]), source.end("a")],
         dumps,
     )
     harness.land_lines("horizon-0-ends", [source.end("b")], dumps)
-    source.scaffold(harness, "tombstone_horizon_days=3")
+    source.scaffold(harness, f"tombstone_horizon_days=3, delete_mode='{mode}'")
     assert harness.build(topic)
-    assert harness.silver(topic) == {}
-    assert tombstone_keys(harness, topic) == [1]
+    assert live() == {}
+    assert deleted() == [1]
     # Transaction h has no END yet; key 1's create lands again (at-least-once), in its complete transaction a.
     replayed = source.changes([Change("c", 2, 30, "h"), Change("c", 1, 10, "a")], [("h", 1), ("a", 1)])
     harness.land_lines("horizon-1", replayed, dumps)
     assert harness.build(topic)
-    assert harness.silver(topic) == {}
+    assert live() == {}
     harness.spark.sql(
-        f"update silver.{topic.table}__cdc_tombstones set _cdc_deleted_at = current_timestamp() - interval 4 days"
+        f"update silver.{topic.table}{'__cdc_tombstones' if mode == 'hard' else ''}"
+        " set _cdc_deleted_at = current_timestamp() - interval 4 days where _cdc_deleted_at is not null"
     ).collect()
     for _ in range(2):  # each run reads key 1's create again: its tombstone must still be there the second time
         assert harness.build(topic)
-        assert harness.silver(topic) == {}
-        assert tombstone_keys(harness, topic) == [1]
+        assert live() == {}
+        assert deleted() == [1]
     # h completes: applied, nothing is held any more, and the purge goes ahead.
     harness.land_lines("horizon-2", [source.end("h")], dumps)
     assert harness.build(topic)
-    assert harness.silver(topic) == {2: "h"}
-    assert tombstone_keys(harness, topic) == []
+    assert live() == {2: "h"}
+    assert deleted() == []
     assert harness.build(topic)
-    assert harness.silver(topic) == {2: "h"}
+    assert live() == {2: "h"}
 
 
 def test_a_change_waiting_for_its_key_is_read_again_whichever_transaction_holds_it(
