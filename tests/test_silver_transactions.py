@@ -163,7 +163,10 @@ def test_changes_of_an_incomplete_transaction_wait_for_the_rest(harness: SilverH
                 described["models"][0]["name"] = name
                 (silver_dir / f"{name}.yml").write_text(yaml.safe_dump(described))
         start = log.stat().st_size if log.exists() else 0
-        assert run_dbt(harness.settings, ["build", "--select", *models, "--threads", "2"]), f"unit {unit}"
+        # The timeout model is checked after the first unit only (it has applied 734 by then): later builds of it
+        # would only repeat the others' work.
+        selected = [name for name in models if unit == 0 or name != "pgtx_customers_timeout"]
+        assert run_dbt(harness.settings, ["build", "--select", *selected, "--threads", "2"]), f"unit {unit}"
         message = log.read_bytes()[start:].decode()
         expected = customers_state(typed[: complete_after[unit]])
         catalog = load_catalog(harness.settings)

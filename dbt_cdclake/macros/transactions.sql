@@ -277,7 +277,12 @@
 {% macro model_key_exprs(bronze, types) -%}
   {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if types.get('key', '').startswith('struct') else [] -%}
   {%- set keys = cdclake.model_keys(bronze, key_fields) -%}
-  {%- set exprs = cdclake.key_reading(bronze, keys, types, key_fields).exprs -%}
+  {{ return(cdclake.key_exprs_in_order(cdclake.key_reading(bronze, keys, types, key_fields).exprs, keys)) }}
+{%- endmacro %}
+
+
+{#- key_reading's `exprs` (key name -> expression) as a list, in the order of `keys`. -#}
+{% macro key_exprs_in_order(exprs, keys) -%}
   {%- set listed = [] -%}
   {%- for key in keys %}{% do listed.append(exprs[key]) %}{% endfor -%}
   {{ return(listed) }}
