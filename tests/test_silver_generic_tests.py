@@ -40,7 +40,8 @@ CONFIGS: dict[str, tuple[History, str]] = {
 @pytest.fixture(scope="module")
 def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Topic]:
     """One silver table per config from two units of work, each with the YAML `cdclake scaffold` writes (the
-    tests); `dbt build` runs the tests after each unit and must pass."""
+    tests); `dbt build` runs the tests after the first unit and they must pass (after the second, each
+    test_shipped_tests_pass_on_silver runs them: a second run here would repeat theirs)."""
     dumps = tmp_path_factory.mktemp("dumps")
     topics = {name: harness.topic(f"generic_{name}") for name in CONFIGS}
     for name, (history, config) in CONFIGS.items():
@@ -51,11 +52,11 @@ def built(harness: SilverHarness, tmp_path_factory: pytest.TempPathFactory) -> d
                 for arguments in test.values():
                     arguments["arguments"]["keys"] = "id"
         (harness.project / "models" / "silver" / f"{topics[name].table}.yml").write_text(yaml.safe_dump(described))
-    for unit in (FIRST, SECOND):
+    for command, unit in (("build", FIRST), ("run", SECOND)):
         for topic in topics.values():
             harness.land(topic, unit, dumps)
         tables = [topic.table for topic in topics.values()]
-        assert run_dbt(harness.settings, ["build", "--select", *tables]), "dbt build failed (a model or a test)"
+        assert run_dbt(harness.settings, [command, "--select", *tables]), f"dbt {command} failed (a model or a test)"
     return topics
 
 
