@@ -19,7 +19,7 @@ from ingest.fakes import SOURCES, build_stream
 from ingest.fakes.records import KafkaRecord, kcat_line
 from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.lakehouse import load_catalog
-from ingest.scaffold import model_yaml, scaffold
+from ingest.scaffold import model_sql, model_yaml, scaffold
 from tests.conftest import FIXTURES
 from tests.silver_harness import Change, SilverHarness, Topic, without_schema
 
@@ -429,13 +429,17 @@ class TransactedTopic:
         self.ends.append(line)
         return line
 
+    def options(self, config: str) -> str:
+        """The model's config options: ``complete_transactions`` and ``config``."""
+        return f"complete_transactions='{self.transaction_table}'" + (f", {config}" if config else "")
+
     def scaffold(self, harness: SilverHarness, config: str, where: str | None = None) -> None:
         """The topic's model and its shipped tests, with ``complete_transactions`` and ``config``; with ``where``, a
         model of the rows it keeps, tested with it as ``bronze_where``."""
         tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
         scaffold(tables, harness.project, select=self.topic.table)
         model = harness.project / "models" / "silver" / f"{self.topic.table}.sql"
-        options = f"complete_transactions='{self.transaction_table}'" + (f", {config}" if config else "")
+        options = self.options(config)
         model.write_text(
             model.read_text().replace(") }}", f", {options}) }}}}", 1) + (f"\nwhere {where}\n" if where else "")
         )
@@ -549,3 +553,89 @@ def test_the_shipped_tests_leave_out_what_waits_before_the_models_where(harness:
 def tombstone_keys(harness: SilverHarness, topic: Topic) -> list[int]:
     rows = harness.spark.sql(f"select id from silver.{topic.table}__cdc_tombstones order by id").collect()
     return [row["id"] for row in rows]
+
+
+def test_a_primary_key_change_waits_behind_a_held_change_of_either_key(harness: SilverHarness, dumps: Path) -> None:
+    """Debezium sends a primary-key change as a delete of the old key and a create of the new one, at one position
+    and in one transaction. Held t1 updates key 1 and deletes key 8. Complete t2 moves key 1 to 2, t3 then updates
+    key 2, and complete t5 moves key 7 to 8: each half waits behind t1 with the other, and so do later changes of
+    the new key. Applied apart, silver showed key 2 before key 1's move was (two rows for one), and lost key 7
+    before key 8 came."""
+    source = TransactedTopic(harness.topic("held_key_move"))
+    topic = source.topic
+    created = source.changes(
+        [Change("c", 1, 1, "a"), Change("c", 7, 2, "g"), Change("c", 8, 3, "h")], [("c0", i) for i in (1, 2, 3)]
+    )
+    harness.land_lines("move-0", [*created, source.end("c0", 3)], dumps)
+    source.scaffold(harness, "")
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h"}
+    moves = source.changes(
+        [
+            Change("u", 1, 5, "t1"),
+            Change("d", 8, 7),
+            Change("d", 1, 10, new_key=2),
+            Change("c", 2, 10, "moved", old_key=1),
+            Change("u", 2, 15, "later"),
+            Change("d", 7, 12, new_key=8),
+            Change("c", 8, 12, "moved8", old_key=7),
+        ],
+        [("t1", 1), ("t1", 2), ("t2", 1), ("t2", 2), ("t3", 1), ("t5", 1), ("t5", 2)],
+    )
+    harness.land_lines("move-1", [*moves, source.end("t2", 2), source.end("t3"), source.end("t5", 2)], dumps)
+    assert harness.build(topic)  # the shipped tests leave out what waits, the same way
+    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h"}
+    held = orjson.loads(load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties[HELD])
+    assert held["ids"] == ["t1"]
+    # t1's last change lands: everything is applied, in order.
+    harness.land_lines("move-2", [*source.changes([Change("c", 3, 6, "t1")], [("t1", 3)]), source.end("t1", 3)], dumps)
+    assert harness.build(topic)
+    assert harness.silver(topic) == {2: "later", 3: "t1", 8: "moved8"} == topic.expected()
+    assert not load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties.get(HELD)
+
+
+def test_an_update_that_moves_its_row_waits_behind_a_held_change_of_its_old_key(
+    harness: SilverHarness, dumps: Path
+) -> None:
+    """A table without a primary key, its keys read from the images: an update whose images hold different keys
+    moves its row (1 to 5, then 5 to 6). Behind held t1's update of key 1 both moves wait, as the later changes of
+    key 1 do: applied, the first took key 1's row away before t1 was complete."""
+    source = TransactedTopic(harness.topic("held_image_move"))
+    topic = source.topic
+
+    def keyless(lines: list[dict[str, Any]], moved: dict[int, int]) -> list[dict[str, Any]]:
+        """``lines`` without a Kafka key; the update at offset o gets ``moved[o]`` as its new key."""
+        for line in lines:
+            line["key"] = None
+            if line["payload"] is not None and line["offset"] in moved:
+                value = orjson.loads(line["payload"])
+                value["payload"]["after"]["id"] = moved[line["offset"]]
+                line["payload"] = orjson.dumps(value).decode()
+        return lines
+
+    created = keyless(source.changes([Change("c", 1, 1, "a"), Change("c", 2, 2, "b")], [("c0", 1), ("c0", 2)]), {})
+    harness.land_lines("image-0", [*created, source.end("c0", 2)], dumps)
+    # scaffold declares the source (and writes no model: the table has no key); the model names its key.
+    scaffold(BronzeTables(load_catalog(harness.settings), "bronze"), harness.project, select=topic.table)
+    models = harness.project / "models" / "silver"
+    sql = model_sql(topic.table, ["id"], "bronze")
+    (models / f"{topic.table}.sql").write_text(sql.replace(") }}", f", {source.options('')}) }}}}", 1))
+    (models / f"{topic.table}.yml").write_text(yaml.safe_dump(model_yaml(topic.table, ["id"], "bronze", None)))
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a", 2: "b"}
+    first = topic.next_offset
+    lines = source.changes(
+        [Change("u", 1, 5, "t1"), Change("u", 1, 10, "x"), Change("u", 5, 12, "y"), Change("u", 2, 13, "b2")],
+        [("t1", 1), ("t2", 1), ("t3", 1), ("t4", 1)],
+    )
+    harness.land_lines(
+        "image-1",
+        [*keyless(lines, {first + 1: 5, first + 2: 6}), source.end("t2"), source.end("t3"), source.end("t4")],
+        dumps,
+    )
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a", 2: "b2"}  # t4, of another key, does not wait
+    last = keyless(source.changes([Change("c", 3, 6, "t1")], [("t1", 2)]), {})
+    harness.land_lines("image-2", [*last, source.end("t1", 2)], dumps)
+    assert harness.build(topic)
+    assert harness.silver(topic) == {2: "b2", 3: "t1", 6: "y"}

@@ -273,7 +273,7 @@
   the Kafka key): for keys read from the images, an update whose `before` image holds a key (all its parts known)
   other than its `after` image's. Debezium sends a delete and a create when a primary key changes; for keys the
   model names (a table without a primary key, or other columns) only this update says that the old key's row is
-  gone (with_key_changes).
+  gone (with_key_changes). `old_exprs`: the key such an update moves its row from (its `before` image's).
 -#}
 {% macro key_reading(bronze, keys, types, key_fields=none) -%}
   {%- if key_fields is none -%}
@@ -291,6 +291,7 @@
     {%- if keys | map('lower') | reject('in', key_fields) | list %}{% do json_names.update({column: cdclake.json_field_names(bronze, column)}) %}{% endif -%}
   {%- endfor -%}
   {%- set exprs = {} -%}
+  {%- set old_exprs = {} -%}
   {%- set moved = {'kafka': [], 'before': [], 'after': []} -%}
   {%- for key in keys -%}
     {%- if key | lower in key_fields -%}
@@ -314,6 +315,7 @@
         {% do parts.append('case when after is null then ' ~ images['before'] ~ ' else ' ~ images['after'] ~ ' end') %}
         {% do moved.before.append(images['before']) %}
         {% do moved.after.append(images['after']) %}
+        {% do old_exprs.update({key: images['before']}) %}
       {%- elif images -%}
         {% do parts.append(images.values() | first) %}
       {%- endif -%}
@@ -324,6 +326,7 @@
       {%- endif -%}
       {% do exprs.update({key: parts[0] if parts | length == 1 else 'coalesce(' ~ parts | join(', ') ~ ')'}) %}
     {%- endif -%}
+    {%- if key not in old_exprs %}{% do old_exprs.update({key: exprs[key]}) %}{% endif -%}
   {%- endfor -%}
   {%- set moves = none -%}
   {%- if moved.before -%}
@@ -336,7 +339,7 @@
     {% do conditions.append('not (' ~ same | join(' and ') ~ ')') %}
     {%- set moves = conditions | join(' and ') -%}
   {%- endif -%}
-  {{ return({'exprs': exprs, 'moves': moves}) }}
+  {{ return({'exprs': exprs, 'moves': moves, 'old_exprs': old_exprs}) }}
 {%- endmacro %}
 
 

@@ -298,9 +298,21 @@
 {%- endmacro %}
 
 
+{#- Whether a primary-key change's create and delete of one topic (their `_cdc_order`s, and the create's connector
+    as `source.connector` names it) are one change: Debezium sends the two at one position, which for Oracle and
+    Informix with provide.transaction.metadata ends in the event's place in its transaction (ingest's
+    TRANSACTION_ORDERED), the create's right after its delete's. -#}
+{% macro moved_pair_sql(create_order, delete_order, connector) -%}
+  ({{ create_order }} = {{ delete_order }} or (coalesce({{ connector }} in ('oracle', 'informix'), false)
+    and size({{ create_order }}) = size({{ delete_order }}) and element_at({{ delete_order }}, -1) >= 0
+    and element_at({{ create_order }}, -1) = element_at({{ delete_order }}, -1) + 1
+    and slice({{ create_order }}, 1, size({{ create_order }}) - 1) = slice({{ delete_order }}, 1, size({{ delete_order }}) - 1)))
+{%- endmacro %}
+
+
 {#- A delete of the unit that Debezium sent for a primary-key change (see moved_create_sql), as a condition. -#}
-{% macro moved_delete_sql() -%}
-  (op = 'd' and exists(_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey'))
+{% macro moved_delete_sql(prefix='') -%}
+  ({{ prefix }}op = 'd' and exists({{ prefix }}_cdc_headers, _cdc_h -> _cdc_h.key = '__debezium.newkey'))
 {%- endmacro %}
 
 

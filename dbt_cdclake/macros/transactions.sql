@@ -148,9 +148,11 @@
 {#-
   The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
   {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
-  value to record (none when silver need not record one)}. `properties`: silver's, as the run read them.
+  value to record (none when silver need not record one)}. `properties`: silver's, as the run read them. `scratch`:
+  a table of the run to hold the changes in, when rows moved between keys wait (see held_keys): read as a view,
+  their query would be planned again in every statement of the run.
 -#}
-{% macro without_incomplete_transactions(bronze, changes, start, end, properties) -%}
+{% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
   {%- set transactions = cdclake.transactions_relation(bronze) -%}
   {%- set types = cdclake.describe_columns(bronze) if transactions is not none else {} -%}
@@ -217,51 +219,117 @@
       run's unit began, the oldest snapshot any of them can have: those changes may have landed before its own (a
       key's changes out of order across partitions), and must be read again as long as they wait. It goes first,
       so that the first id's is still where the next run reads from. -#}
-  {%- set key_exprs = cdclake.model_key_exprs(bronze, types) -%}
+  {%- set keys = cdclake.model_key_reading(bronze, types) -%}
   {%- set pending = {'ids': ids, 'match': match} -%}
-  {%- set holders = run_query(cdclake.key_holding_transactions_sql(changes, key_exprs, reading, pending)).columns[0].values() | list -%}
+  {%- set holding = cdclake.held_keys(changes, keys, reading, pending) -%}
+  {%- set holders = run_query(cdclake.key_holding_transactions_sql(changes, keys, reading, pending, holding)).columns[0].values() | list -%}
   {%- set ordered = [] -%}
   {%- for id in ids if id in holders %}{% do ordered.append(id) %}{% do since.update({id: start}) %}{% endfor -%}
   {%- for id in ids if id not in holders %}{% do ordered.append(id) %}{% endfor -%}
   {%- set state = {'from': since[ordered[0]], 'ids': ordered, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, key_exprs, reading, state)) %}
+  {%- set kept = cdclake.without_held_changes_sql(changes, keys, reading, state, holding) -%}
+  {%- if holding.moves is not none and scratch is not none -%}
+    {% do run_query('create table ' ~ scratch ~ ' using iceberg as ' ~ kept) %}
+    {%- set kept = 'select * from ' ~ scratch -%}
+  {%- endif -%}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ kept) %}
   {{ return({'changes': complete, 'held': ordered, 'property': tojson(state)}) }}
 {%- endmacro %}
 
 
 {#- The rows of `changes` (a relation, or a parenthesised query) but the changes of the transactions `held` holds
-    and, for each key one of those changes, the later changes of that key (by source position; `key_exprs`, the
-    key read from a bronze row): applied before the held change they follow, a partial image (a MongoDB patch, an
+    and, for each key one of those changes touches, the later changes of that key (by source position; `keys`,
+    held_key_reading's): applied before the held change they follow, a partial image (a MongoDB patch, an
     unavailable-value placeholder) would have no image to fold onto, and a full one would show the key's later
-    state before its transaction is complete. They are read again with the held ones. -#}
-{% macro without_held_changes_sql(changes, key_exprs, reading, held) -%}
-  {%- set key = cdclake.key_struct(key_exprs) -%}
+    state before its transaction is complete. A change that moves a row between keys touches both (key_moves_sql),
+    and holds back the later changes of both once held. They are read again with the held ones. `holding`:
+    held_keys' (computed when none). -#}
+{% macro without_held_changes_sql(changes, keys, reading, held, holding=none) -%}
+  {%- set holding = holding if holding is not none else cdclake.held_keys(changes, keys, reading, held) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
     select c.* from {{ changes }} c
+    left anti join (select k, min(p) as p from ({{ holding.held_keys }}) group by k) held
+      on {{ cdclake.key_struct(keys.exprs) }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
+    {%- if holding.moves is not none %}
     left anti join (
-      select {{ key }} as k, min({{ cdclake.change_position('h') }}) as p
-      from {{ changes }} h
-      where {{ of_held }}
-      group by 1
-    ) held on {{ key }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
+      select m.t, m.pt, m.f from ({{ holding.moves }}) m
+      join (select k, min(p) as p from ({{ holding.held_keys }}) group by k) h on m.k <=> h.k and m.p >= h.p
+    ) moved on c._cdc_topic = moved.t and c._cdc_partition = moved.pt and c._cdc_offset = moved.f
+    {%- endif %}
     where not {{ of_held }}
 {%- endmacro %}
 
 
 {#- The held transactions (of `held`) whose changes hold back later changes of their keys in `changes`, changes of
     other transactions or of none (without_held_changes_sql). -#}
-{% macro key_holding_transactions_sql(changes, key_exprs, reading, held) -%}
-  {%- set key = cdclake.key_struct(key_exprs) -%}
+{% macro key_holding_transactions_sql(changes, keys, reading, held, holding) -%}
+  {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
+    select distinct h.tx from ({{ holding.held_keys }}) h
+    join (
+      select {{ cdclake.key_struct(keys.exprs) }} as k, {{ cdclake.change_position('c') }} as p from {{ changes }} c where not {{ of_held }}
+      {%- if holding.moves is not none %}
+      union all
+      select k, p from ({{ holding.moves }}) where not held
+      {%- endif %}
+    ) w on w.k <=> h.k and w.p >= h.p
+{%- endmacro %}
+
+
+{#-
+  The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the held
+  transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
+  `changes` holds no change that moves a row between keys}. A held transaction holds the keys its changes touch,
+  from each change's position on. A change that moves a row waits behind a held change of either of its keys, and
+  then holds both keys in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held change of 1
+  takes two. The rounds are temporary views of the session, each reading the one before.
+-#}
+{% macro held_keys(changes, keys, reading, held) -%}
   {%- set match = held.get('match', 'id') -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, match) -%}
-    select distinct h.tx from (
-      select {{ key }} as k, {{ cdclake.change_position('c') }} as p, {{ cdclake.transaction_identity(reading.id, match) }} as tx
-      from {{ changes }} c where {{ of_held }}
-    ) h
-    join (
-      select {{ key }} as k, {{ cdclake.change_position('c') }} as p from {{ changes }} c where not {{ of_held }}
-    ) w on w.k <=> h.k and w.p >= h.p
+  {%- set tx = cdclake.transaction_identity(reading.id, match) -%}
+  {%- set own = 'select ' ~ cdclake.key_struct(keys.exprs) ~ ' as k, ' ~ tx ~ ' as tx, ' ~ cdclake.change_position('c') ~ ' as p from ' ~ changes ~ ' c where ' ~ of_held -%}
+  {%- set moves = cdclake.key_moves_sql(changes, keys, reading, of_held, tx) -%}
+  {%- if moves is none or run_query('select count(*) from (' ~ moves ~ ')').rows[0][0] == 0 -%}
+    {{ return({'held_keys': own, 'moves': none}) }}
+  {%- endif -%}
+  {#- A held transaction's own moves touch their other key too. -#}
+  {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
+  {%- set state = {'query': first, 'count': none} -%}
+  {%- for round in range(16) -%}
+    {%- set view = cdclake.session_view('__cdc_held_keys' ~ round) -%}
+    {% do run_query('create or replace temporary view ' ~ view ~ ' as ' ~ state.query) %}
+    {%- set count = run_query('select count(*) from ' ~ view).rows[0][0] -%}
+    {%- if count == state.count %}{{ return({'held_keys': 'select * from ' ~ view, 'moves': moves}) }}{% endif -%}
+    {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
+    {%- do state.update({'count': count, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ view ~ ' h'
+      ~ ' left join (' ~ moves ~ ') m on (m.k <=> h.k or m.nk <=> h.k) and m.p >= h.p and not m.held'
+      ~ " lateral view explode(array(named_struct('k', h.k, 'p', h.p), named_struct('k', m.k, 'p', m.p), named_struct('k', m.nk, 'p', m.p))) s as e"
+      ~ ' where s.e.p is not null'}) -%}
+  {%- endfor -%}
+  {{ exceptions.warn("cdc_silver model '" ~ model.name ~ "': complete_transactions: rows moved between keys more than 16 times behind held transactions " ~ held.ids[:3] | join(', ') ~ "; the later moves are applied without waiting for them") }}
+  {{ return({'held_keys': 'select * from ' ~ cdclake.session_view('__cdc_held_keys15'), 'moves': moves}) }}
+{%- endmacro %}
+
+
+{#- The changes of `changes` that move a row from one key to another, each with the other key, as (t, pt, f: its
+    topic, partition and offset; nk: its own key; k: the other; p: its position; tx: its transaction, as `tx`
+    reads it; held: whether `of_held`, a condition, holds it): a primary-key change's create and delete (marked by
+    Debezium's headers, each paired with the other: moved_pair_sql), and an update whose
+    images' keys differ (keys read from the images: it moves its row from its `before` image's key). None when
+    bronze can hold neither. -#}
+{% macro key_moves_sql(changes, keys, reading, of_held, tx) -%}
+  {%- set key, position = cdclake.key_struct(keys.exprs), cdclake.change_position('c') -%}
+  {%- set parts = [] -%}
+  {%- if keys.headers -%}
+    {%- set marked = 'select _cdc_topic as t, _cdc_partition as pt, _cdc_offset as f, _cdc_order as o, op, ' ~ reading.connector ~ ' as connector, ' ~ key ~ ' as nk, ' ~ position ~ ' as p, ' ~ tx ~ ' as tx, ' ~ of_held ~ ' as held from ' ~ changes ~ ' c where ' ~ cdclake.moved_create_sql('c.') ~ ' or ' ~ cdclake.moved_delete_sql('c.') -%}
+    {%- do parts.append('select a.t, a.pt, a.f, a.nk, b.nk as k, a.p, a.tx, a.held from (' ~ marked ~ ') a join (' ~ marked ~ ') b on a.t = b.t and a.op <> b.op'
+      ~ ' and case when a.op = \'c\' then ' ~ cdclake.moved_pair_sql('a.o', 'b.o', 'a.connector') ~ ' else ' ~ cdclake.moved_pair_sql('b.o', 'a.o', 'b.connector') ~ ' end') -%}
+  {%- endif -%}
+  {%- if keys.moves is not none -%}
+    {%- do parts.append('select _cdc_topic as t, _cdc_partition as pt, _cdc_offset as f, ' ~ key ~ ' as nk, ' ~ cdclake.key_struct(keys.old) ~ ' as k, ' ~ position ~ ' as p, ' ~ tx ~ ' as tx, ' ~ of_held ~ ' as held from ' ~ changes ~ ' c where ' ~ keys.moves) -%}
+  {%- endif -%}
+  {{ return(parts | join(' union all ') if parts else none) }}
 {%- endmacro %}
 
 
@@ -273,11 +341,21 @@
 {%- endmacro %}
 
 
-{#- The keys a model's rows have, as key_reading reads them from a bronze row. -#}
-{% macro model_key_exprs(bronze, types) -%}
+{#- The keys a model's rows have, as held_key_reading gives them. -#}
+{% macro model_key_reading(bronze, types) -%}
   {%- set key_fields = cdclake.struct_field_names(bronze, 'key') if types.get('key', '').startswith('struct') else [] -%}
   {%- set keys = cdclake.model_keys(bronze, key_fields) -%}
-  {{ return(cdclake.key_exprs_in_order(cdclake.key_reading(bronze, keys, types, key_fields).exprs, keys)) }}
+  {{ return(cdclake.held_key_reading(cdclake.key_reading(bronze, keys, types, key_fields), keys, types)) }}
+{%- endmacro %}
+
+
+{#- key_reading's `reading` of `keys` (bronze's columns: `types`) as the held changes need it: {'exprs': the key's
+    expressions in the order of `keys`; 'old': those of the key an update moves its row from, 'moves': the
+    condition that it does (none: keys from the Kafka key); 'headers': whether bronze keeps Debezium's headers,
+    which mark a primary-key change's delete and create}. -#}
+{% macro held_key_reading(reading, keys, types) -%}
+  {{ return({'exprs': cdclake.key_exprs_in_order(reading.exprs, keys), 'old': cdclake.key_exprs_in_order(reading.old_exprs, keys),
+             'moves': reading.moves, 'headers': '_cdc_headers' in types}) }}
 {%- endmacro %}
 
 

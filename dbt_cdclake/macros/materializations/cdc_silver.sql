@@ -146,7 +146,7 @@
     {%- call statement('main') -%} select 1 {%- endcall -%}
   {%- elif history == 'scd2' -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties, cdclake.scratch_table({'run_tables': run.batch}, 'held')) -%}
     {%- set changes = completed.changes -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {%- do layout.update({'run_tables': run.batch}) -%}
@@ -169,7 +169,7 @@
     {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
   {%- else -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
-    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties) -%}
+    {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties, cdclake.scratch_table({'run_tables': run.batch}, 'held')) -%}
     {%- set changes = completed.changes -%}
     {#- While transactions are held, the next run reads again changes this one applied: the tombstones (and
         soft-deleted rows) that make them change nothing stay until then, past the horizon or not. -#}
