@@ -20,13 +20,14 @@ import orjson
 import yaml
 from hypothesis import HealthCheck, Phase, settings
 
+from ingest.bronze.naming import bronze_table_name
 from ingest.bronze.tables import BronzeTables
 from ingest.config import IngestSettings, Settings
 from ingest.dbt_runner import run_dbt
 from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.lakehouse import PROJECT_ROOT, load_catalog
 from ingest.pipeline import Pipeline
-from ingest.scaffold import History, model_yaml
+from ingest.scaffold import History, model_yaml, scaffold
 from ingest.sources.file import FileSource
 
 ROW_FIELDS = [
@@ -517,3 +518,66 @@ def with_replay(landed: list[Change], changes: list[Change], replay: bool) -> li
         changes = landed[: len(landed) // 2] + changes
     landed.extend(changes)
     return changes
+
+
+@dataclass
+class TransactedTopic:
+    """A harness topic whose changes carry Debezium's `transaction` block (v2 schemas), and END records on its
+    connector's transaction topic. The source block names no table: a change's data collection is the topic's last
+    two parts."""
+
+    topic: Topic
+    ends: list[dict[str, Any]] = field(default_factory=list)
+    style: TxMetaStyle = field(default_factory=lambda: TxMetaStyle(v2=True))
+
+    @property
+    def transaction_table(self) -> str:
+        return bronze_table_name(self.topic.name.rsplit(".", 1)[0] + ".transaction")
+
+    def changes(self, changes: list[Change], blocks: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        """The records of ``changes``, each in transaction ``blocks[i]`` = (id, its data_collection_order)."""
+        lines = self.topic.records(changes)
+        values = [line for line in lines if line["payload"] is not None]
+        for line, (tx_id, order) in zip(values, blocks, strict=True):
+            value = orjson.loads(line["payload"])
+            value["schema"]["fields"].append(self.style.block_schema())
+            value["payload"]["transaction"] = block(tx_id, order, order)
+            line["payload"] = orjson.dumps(value).decode()
+        return lines
+
+    def end(self, tx_id: str, count: int = 1) -> dict[str, Any]:
+        """Transaction ``tx_id``'s END record: ``count`` changes of the topic's table."""
+        collection = ".".join(self.topic.name.split(".")[-2:])
+        line = {
+            "topic": self.topic.name.rsplit(".", 1)[0] + ".transaction",
+            "partition": 0,
+            "offset": len(self.ends),
+            "ts": 1_700_000_000_000,
+            "key": self.style.key(tx_id).decode(),
+            "payload": self.style.end(tx_id, 1_700_000_000_000, [(collection, count)]).decode(),
+        }
+        self.ends.append(line)
+        return line
+
+    def options(self, config: str) -> str:
+        """The model's config options: ``complete_transactions`` and ``config``."""
+        return f"complete_transactions='{self.transaction_table}'" + (f", {config}" if config else "")
+
+    def scaffold(self, harness: SilverHarness, config: str, where: str | None = None) -> None:
+        """The topic's model and its shipped tests, with ``complete_transactions`` and ``config``; with ``where``, a
+        model of the rows it keeps, tested with it as ``bronze_where``."""
+        tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
+        scaffold(tables, harness.project, select=self.topic.table)
+        model = harness.project / "models" / "silver" / f"{self.topic.table}.sql"
+        model.write_text(
+            model.read_text().replace(") }}", f", {self.options(config)}) }}}}", 1)
+            + (f"\nwhere {where}\n" if where else "")
+        )
+        if where:
+            described = model.with_suffix(".yml")
+            yml = yaml.safe_load(described.read_text())
+            for test in yml["models"][0]["data_tests"]:
+                arguments = next(iter(test.values()))["arguments"]
+                if "bronze" in arguments:
+                    arguments["bronze_where"] = where
+            described.write_text(yaml.safe_dump(yml))

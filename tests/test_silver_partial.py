@@ -24,6 +24,7 @@ from tests.silver_harness import (
     MongoChange,
     SilverHarness,
     Topic,
+    TransactedTopic,
     dbt_examples,
     with_replay,
     without_schema,
@@ -298,6 +299,35 @@ def test_a_primary_key_change_alone_in_its_unit_folds_the_placeholder(harness: S
     harness.apply(topic, [Change(C, 1, 10, "a", n=100), Change(C, 2, 11, "b", n=200)], tmp_path)
     harness.apply(topic, [*moved(1, 5, 20, UNAVAILABLE_VALUE, 101)], tmp_path)
     assert images(harness, topic) == {2: ("b", 200), 5: ("a", 101)}
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one_unit", "split"])
+def test_a_primary_key_change_with_transaction_metadata_takes_the_old_keys_values(
+    harness: SilverHarness, tmp_path: Path, split: bool
+) -> None:
+    """Oracle and Informix with provide.transaction.metadata: a change's position ends in its place in its
+    transaction, so a primary-key change's delete and create are one place apart, not at one position. The create
+    still pairs with its delete (in its unit of work, or in bronze when the delete landed in the unit before) and
+    takes the old key's values, without a warning. Before, it paired with neither: the run warned that the delete
+    was still to come, and silver's new row had nulls for what the create did not carry."""
+    source = TransactedTopic(harness.topic(f"pk_moves_tx_{'split' if split else 'unit'}"))
+    topic = source.topic
+    first = source.changes([Change(C, 1, 10, "a", n=100), Change(C, 2, 11, "b", n=200)], [("c0", 1), ("c0", 2)])
+    harness.land_lines("moves-0", [*first, source.end("c0", 2)], tmp_path)
+    harness.write_model(topic, "ignore_null_updates=true")
+    harness.write_tests(topic)
+    assert harness.build(topic, "--warn-error")
+    delete, create = source.changes(moved(1, 5, 20, None, None), [("t1", 1), ("t1", 2)])[::2]  # no tombstone
+    later = source.changes([Change(U, 5, 21, "a2", n=None)], [("t2", 1)])
+    if split:
+        harness.land_lines("moves-1", [delete], tmp_path)
+        assert harness.build(topic, "--warn-error")
+        assert images(harness, topic) == {2: ("b", 200)}
+        harness.land_lines("moves-2", [create, *later, source.end("t1", 2), source.end("t2")], tmp_path)
+    else:
+        harness.land_lines("moves-1", [delete, create, *later, source.end("t1", 2), source.end("t2")], tmp_path)
+    assert harness.build(topic, "--warn-error")
+    assert images(harness, topic) == {2: ("b", 200), 5: ("a2", 100)}
 
 
 @pytest.mark.parametrize(

@@ -17,11 +17,10 @@ from ingest.bronze.tables import BronzeTables
 from ingest.dbt_runner import run_dbt
 from ingest.fakes import SOURCES, build_stream
 from ingest.fakes.records import KafkaRecord, kcat_line
-from ingest.fakes.txmeta import TxMetaStyle, block
 from ingest.lakehouse import load_catalog
 from ingest.scaffold import model_sql, model_yaml, scaffold
 from tests.conftest import FIXTURES
-from tests.silver_harness import Change, SilverHarness, Topic, without_schema
+from tests.silver_harness import Change, SilverHarness, Topic, TransactedTopic, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
@@ -390,69 +389,6 @@ def test_later_changes_of_a_held_changes_key_wait_with_it(harness: SilverHarness
     assert check.silver_rows == check.expected_rows
 
 
-@dataclasses.dataclass
-class TransactedTopic:
-    """A harness topic whose changes carry Debezium's `transaction` block (v2 schemas), and END records on its
-    connector's transaction topic. The source block names no table: a change's data collection is the topic's last
-    two parts."""
-
-    topic: Topic
-    ends: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    style: TxMetaStyle = dataclasses.field(default_factory=lambda: TxMetaStyle(v2=True))
-
-    @property
-    def transaction_table(self) -> str:
-        return bronze_table_name(self.topic.name.rsplit(".", 1)[0] + ".transaction")
-
-    def changes(self, changes: list[Change], blocks: list[tuple[str, int]]) -> list[dict[str, Any]]:
-        """The records of ``changes``, each in transaction ``blocks[i]`` = (id, its data_collection_order)."""
-        lines = self.topic.records(changes)
-        values = [line for line in lines if line["payload"] is not None]
-        for line, (tx_id, order) in zip(values, blocks, strict=True):
-            value = orjson.loads(line["payload"])
-            value["schema"]["fields"].append(self.style.block_schema())
-            value["payload"]["transaction"] = block(tx_id, order, order)
-            line["payload"] = orjson.dumps(value).decode()
-        return lines
-
-    def end(self, tx_id: str, count: int = 1) -> dict[str, Any]:
-        """Transaction ``tx_id``'s END record: ``count`` changes of the topic's table."""
-        collection = ".".join(self.topic.name.split(".")[-2:])
-        line = {
-            "topic": self.topic.name.rsplit(".", 1)[0] + ".transaction",
-            "partition": 0,
-            "offset": len(self.ends),
-            "ts": 1_700_000_000_000,
-            "key": self.style.key(tx_id).decode(),
-            "payload": self.style.end(tx_id, 1_700_000_000_000, [(collection, count)]).decode(),
-        }
-        self.ends.append(line)
-        return line
-
-    def options(self, config: str) -> str:
-        """The model's config options: ``complete_transactions`` and ``config``."""
-        return f"complete_transactions='{self.transaction_table}'" + (f", {config}" if config else "")
-
-    def scaffold(self, harness: SilverHarness, config: str, where: str | None = None) -> None:
-        """The topic's model and its shipped tests, with ``complete_transactions`` and ``config``; with ``where``, a
-        model of the rows it keeps, tested with it as ``bronze_where``."""
-        tables = BronzeTables(load_catalog(harness.settings), harness.settings.lakehouse.bronze_namespace)
-        scaffold(tables, harness.project, select=self.topic.table)
-        model = harness.project / "models" / "silver" / f"{self.topic.table}.sql"
-        options = self.options(config)
-        model.write_text(
-            model.read_text().replace(") }}", f", {options}) }}}}", 1) + (f"\nwhere {where}\n" if where else "")
-        )
-        if where:
-            described = model.with_suffix(".yml")
-            yml = yaml.safe_load(described.read_text())
-            for test in yml["models"][0]["data_tests"]:
-                arguments = next(iter(test.values()))["arguments"]
-                if "bronze" in arguments:
-                    arguments["bronze_where"] = where
-            described.write_text(yaml.safe_dump(yml))
-
-
 @pytest.mark.parametrize("mode", ["hard", pytest.param("soft", marks=pytest.mark.slow)])
 def test_tombstones_stay_while_a_transaction_is_held(harness: SilverHarness, dumps: Path, mode: str) -> None:
     """Each run reads bronze again from where its oldest held transaction began, changes applied already included.
@@ -560,16 +496,17 @@ def test_a_primary_key_change_waits_behind_a_held_change_of_either_key(harness: 
     and in one transaction. Held t1 updates key 1 and deletes key 8. Complete t2 moves key 1 to 2, t3 then updates
     key 2, and complete t5 moves key 7 to 8: each half waits behind t1 with the other, and so do later changes of
     the new key. Applied apart, silver showed key 2 before key 1's move was (two rows for one), and lost key 7
-    before key 8 came."""
+    before key 8 came. Complete t6's move of key 9, which touches no held key, is applied at once."""
     source = TransactedTopic(harness.topic("held_key_move"))
     topic = source.topic
     created = source.changes(
-        [Change("c", 1, 1, "a"), Change("c", 7, 2, "g"), Change("c", 8, 3, "h")], [("c0", i) for i in (1, 2, 3)]
+        [Change("c", 1, 1, "a"), Change("c", 7, 2, "g"), Change("c", 8, 3, "h"), Change("c", 9, 4, "i")],
+        [("c0", i) for i in (1, 2, 3, 4)],
     )
-    harness.land_lines("move-0", [*created, source.end("c0", 3)], dumps)
+    harness.land_lines("move-0", [*created, source.end("c0", 4)], dumps)
     source.scaffold(harness, "")
     assert harness.build(topic)
-    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h"}
+    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h", 9: "i"}
     moves = source.changes(
         [
             Change("u", 1, 5, "t1"),
@@ -579,18 +516,24 @@ def test_a_primary_key_change_waits_behind_a_held_change_of_either_key(harness: 
             Change("u", 2, 15, "later"),
             Change("d", 7, 12, new_key=8),
             Change("c", 8, 12, "moved8", old_key=7),
+            Change("d", 9, 13, new_key=10),
+            Change("c", 10, 13, "moved10", old_key=9),
         ],
-        [("t1", 1), ("t1", 2), ("t2", 1), ("t2", 2), ("t3", 1), ("t5", 1), ("t5", 2)],
+        [("t1", 1), ("t1", 2), ("t2", 1), ("t2", 2), ("t3", 1), ("t5", 1), ("t5", 2), ("t6", 1), ("t6", 2)],
     )
-    harness.land_lines("move-1", [*moves, source.end("t2", 2), source.end("t3"), source.end("t5", 2)], dumps)
+    ends = [source.end("t2", 2), source.end("t3"), source.end("t5", 2), source.end("t6", 2)]
+    harness.land_lines("move-1", [*moves, *ends], dumps)
     assert harness.build(topic)  # the shipped tests leave out what waits, the same way
-    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h"}
+    assert harness.silver(topic) == {1: "a", 7: "g", 8: "h", 10: "moved10"}
     held = orjson.loads(load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties[HELD])
     assert held["ids"] == ["t1"]
+    # The run kept the unit in a table of its own (the moves wait), and dropped it when done.
+    tables = [row["tableName"] for row in harness.spark.sql("show tables in cdclake_scratch.silver").collect()]
+    assert not [name for name in tables if name.startswith(f"{topic.table}__cdc_batch") and name.endswith("_held")]
     # t1's last change lands: everything is applied, in order.
     harness.land_lines("move-2", [*source.changes([Change("c", 3, 6, "t1")], [("t1", 3)]), source.end("t1", 3)], dumps)
     assert harness.build(topic)
-    assert harness.silver(topic) == {2: "later", 3: "t1", 8: "moved8"} == topic.expected()
+    assert harness.silver(topic) == {2: "later", 3: "t1", 8: "moved8", 10: "moved10"} == topic.expected()
     assert not load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties.get(HELD)
 
 

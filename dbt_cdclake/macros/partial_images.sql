@@ -16,12 +16,13 @@
   A MongoDB update that cannot be folded (no document before it, a path it cannot follow) fails the run, naming
   the event: never a partial or wrong document.
 
-  A primary-key change is a delete of the old key and a create of the new one, both at the same position, and the
-  create carries the update's partial image. Debezium marks the create with the `__debezium.oldkey` header and the
-  delete with `__debezium.newkey` (bronze keeps both in `_cdc_headers`): the create is folded onto the old key's
-  image before its delete (fold_moved_creates), and then serves as the new key's full image. A delete of an earlier
-  unit of work is found in bronze; one still to come is stood in for by the old key the create's header names. A
-  create that cannot be paired is folded like an update of its own key.
+  A primary-key change is a delete of the old key and a create of the new one, both at the same position (or one place
+  apart in their transaction: moved_delete_order_sql), and the create carries the update's partial image. Debezium
+  marks the create with the `__debezium.oldkey` header and the delete with `__debezium.newkey` (bronze keeps both in
+  `_cdc_headers`): the create is folded onto the old key's image before its delete (fold_moved_creates), and then
+  serves as the new key's full image. A delete of an earlier unit of work is found in bronze; one still to come is
+  stood in for by the old key the create's header names. A create that cannot be paired is folded like an update of
+  its own key.
 -#}
 
 {% macro fold_partial_images(bronze, changes, layout, target, tombstones, delete_mode, history, probe_unavailable=true) -%}
@@ -99,19 +100,19 @@
 
 
 {#-
-  The unit of work (`changes`) with each primary-key change's create folded onto the old key's image before its
-  delete (a table of the run), or `changes` itself when it holds no such create with a partial image.
-  A create is paired with the delete at its position in its topic that carries `__debezium.newkey` (when there is
-  one such delete, and it pairs with no create of another key; otherwise the create is left as it came). The fold
-  reads the create as an update of the delete's key, just before the delete (a create ranks before a delete at a
-  position), and folds every version (`every`), so that it reaches the create, which is not its key's last change.
-  A create whose delete landed in an earlier unit of work (a flush or a run between the two records, or another
-  Kafka partition) finds it in bronze, with the old key's changes up to it (moves_from_earlier_units): silver no
-  longer holds that key. One whose delete is not in bronze at all (it comes later, from another partition) pairs
-  with the old key its header names (moved_old_key_sql): silver still holds that key, and its delete will remove
-  it; the run warns, as that key's partition may still hold changes before the delete. A create whose old key has
-  no image before it even so is left as it came, for the fold of its own key (default__fold_partial_images); one
-  whose old key cannot be read at all is also said in a warning.
+  The unit of work (`changes`) with each primary-key change's create folded onto the old key's image before its delete
+  (a table of the run), or `changes` itself when it holds no such create with a partial image. A create is paired with
+  the delete at its position in its topic (moved_delete_order_sql) that carries `__debezium.newkey` (when there is one
+  such delete, and it pairs with no create of another key; otherwise the create is left as it came). The fold reads
+  the create as an update of the delete's key, just before the delete (a create ranks before a delete at a position),
+  and folds every version (`every`), so that it reaches the create, which is not its key's last change. A create whose
+  delete landed in an earlier unit of work (a flush or a run between the two records, or another Kafka partition)
+  finds it in bronze, with the old key's changes up to it (moves_from_earlier_units): silver no longer holds that key.
+  One whose delete is not in bronze at all (it comes later, from another partition) pairs with the old key its header
+  names (moved_old_key_sql): silver still holds that key, and its delete will remove it; the run warns, as that key's
+  partition may still hold changes before the delete. A create whose old key has no image before it even so is left as
+  it came, for the fold of its own key (default__fold_partial_images); one whose old key cannot be read at all is also
+  said in a warning.
 -#}
 {% macro fold_moved_creates(bronze, changes, layout, types, target, tombstones, delete_mode, fold, placeholder) -%}
   {%- if layout.document -%}
@@ -119,13 +120,14 @@
   {%- else -%}
     {%- set partial = cdclake.missing_value_sql(fold.fields, placeholder) | join(' or ') -%}
   {%- endif -%}
-  {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
-  {%- set counts = run_query('select count(*), count_if(d._cdc_topic is null) from (' ~ creates ~ ') c left join (select distinct _cdc_topic, _cdc_order from ' ~ changes ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order').rows[0] -%}
+  {%- set connector = cdclake.transaction_reading(bronze, types).connector -%}
+  {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order, ' ~ connector ~ ' as _cdc_connector from ' ~ changes ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+  {%- set counts = run_query('select count(*), count_if(not _cdc_paired) from (select max(d._cdc_topic is not null) as _cdc_paired from (' ~ creates ~ ') c left join (' ~ cdclake.moved_deletes_sql(changes) ~ ') d on c._cdc_topic = d._cdc_topic and d._cdc_order = ' ~ cdclake.moved_delete_order_sql('c._cdc_order', 'c._cdc_connector') ~ ' group by c._cdc_topic, c._cdc_partition, c._cdc_offset)').rows[0] -%}
   {%- if counts[0] == 0 -%}
     {{ return(changes) }}
   {%- endif -%}
   {%- set state = {'current': changes, 'done': false} -%}
-  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, layout, fold, partial) if counts[1] > 0 and target is not none else none -%}
+  {%- set augmented = cdclake.moves_from_earlier_units(bronze, changes, layout, fold, partial, connector) if counts[1] > 0 and target is not none else none -%}
   {%- set earlier = augmented is not none -%}
   {%- if earlier %}{% do state.update({'current': augmented}) %}{% endif -%}
   {#- A create whose delete is in neither (it comes later, from another partition) pairs with the old key its
@@ -136,7 +138,7 @@
         key's values as bronze holds them now, when a change of the old key before its delete may still be to
         come from the old key's partition (a --full-refresh once the deletes have landed makes both exact). -#}
     {%- set readable = header.known if header is not none else 'false' -%}
-    {%- set rows = run_query('select * from (select ' ~ readable ~ ' as _cdc_readable, _cdc_topic, _cdc_partition, _cdc_offset, count(*) over (partition by ' ~ readable ~ ') as _cdc_count, row_number() over (partition by ' ~ readable ~ ' order by _cdc_topic, _cdc_partition, _cdc_offset) as _cdc_rank from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u) where _cdc_rank <= 3 order by 1, 2, 3, 4').rows -%}
+    {%- set rows = run_query('select * from (select ' ~ readable ~ ' as _cdc_readable, _cdc_topic, _cdc_partition, _cdc_offset, count(*) over (partition by ' ~ readable ~ ') as _cdc_count, row_number() over (partition by ' ~ readable ~ ' order by _cdc_topic, _cdc_partition, _cdc_offset) as _cdc_rank from (' ~ cdclake.unpaired_creates_sql(state.current, partial, connector, earlier) ~ ') u) where _cdc_rank <= 3 order by 1, 2, 3, 4').rows -%}
     {%- for folded in [false, true] -%}
       {%- set named = [] -%}
       {%- set count = [] -%}
@@ -162,7 +164,7 @@
   {%- set done = cdclake.scratch_table(layout, 'moves_done') -%}
   {%- for round in range(8) -%}
     {%- set pairs = cdclake.scratch_table(layout, 'moves') -%}
-    {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order, struct(' ~ new_key ~ ') as _cdc_new_key from ' ~ state.current ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
+    {%- set creates = 'select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order, ' ~ connector ~ ' as _cdc_connector, struct(' ~ new_key ~ ') as _cdc_new_key from ' ~ state.current ~ ' where ' ~ cdclake.moved_create_sql() ~ ' and (' ~ partial ~ ')' -%}
     {%- if state.done %}{% set creates = 'select * from (' ~ creates ~ ') x left anti join ' ~ done ~ ' y on x._cdc_topic = y._cdc_topic and x._cdc_partition = y._cdc_partition and x._cdc_offset = y._cdc_offset' %}{% endif -%}
     {#- Pairs by old and new key, not by record: copies of a change (at-least-once replays) pair as one. -#}
     {% do run_query('create table ' ~ pairs ~ ' using iceberg as select * from ('
@@ -172,9 +174,9 @@
       ~ ' from (' ~ creates ~ ') c'
       ~ ' join (select distinct _cdc_topic as _cdc_delete_topic, _cdc_order as _cdc_delete_order'
       ~ cdclake.moved_keys_sql(layout) ~ ' from ' ~ state.current ~ ' where ' ~ cdclake.moved_delete_sql() ~ ') d'
-      ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = c._cdc_order'
+      ~ ' on d._cdc_delete_topic = c._cdc_topic and d._cdc_delete_order = ' ~ cdclake.moved_delete_order_sql('c._cdc_order', 'c._cdc_connector')
       ~ ') where _cdc_deletes = 1 and _cdc_creates = 1'
-      ~ (' union all select u._cdc_topic, u._cdc_partition, u._cdc_offset, u._cdc_topic, u._cdc_order' ~ header.select ~ ', 1, 1 from (' ~ cdclake.unpaired_creates_sql(state.current, partial, earlier) ~ ') u'
+      ~ (' union all select u._cdc_topic, u._cdc_partition, u._cdc_offset, u._cdc_topic, u._cdc_order' ~ header.select ~ ', 1, 1 from (' ~ cdclake.unpaired_creates_sql(state.current, partial, connector, earlier) ~ ') u'
         ~ (' left anti join ' ~ done ~ ' y on u._cdc_topic = y._cdc_topic and u._cdc_partition = y._cdc_partition and u._cdc_offset = y._cdc_offset' if state.done else '')
         ~ ' where ' ~ header.known if header is not none else '')) %}
     {%- set paired = run_query('select count(*) from ' ~ pairs).rows[0][0] -%}
@@ -229,7 +231,7 @@
   A table of the run, or none when bronze holds none of those deletes. Only runs that hold such a create read all
   of bronze.
 -#}
-{% macro moves_from_earlier_units(bronze, changes, layout, fold, partial) -%}
+{% macro moves_from_earlier_units(bronze, changes, layout, fold, partial, connector) -%}
   {%- set augmented = cdclake.scratch_table(layout, 'moves_earlier') -%}
   {%- set columns = [] -%}
   {%- for column in fold.columns %}{% do columns.append(cdclake.quote(column)) %}{% endfor -%}
@@ -242,15 +244,15 @@
   {%- endfor -%}
   {%- set history = 'select *' ~ cdclake.moved_keys_sql(layout, '_cdc_hk') ~ ' from ' ~ bronze ~ cdclake.kept_changes_filter() -%}
   {% do run_query('create table ' ~ augmented ~ ' using iceberg as select ' ~ columns ~ ', false as _cdc_earlier, 0 as _cdc_step from ' ~ changes) %}
-  {%- set wanted = {'sql': 'select distinct _cdc_topic, _cdc_order from (' ~ cdclake.unpaired_creates_sql(changes, partial) ~ ') c'} -%}
+  {%- set wanted = {'sql': 'select distinct _cdc_topic, _cdc_order, _cdc_connector from (' ~ cdclake.unpaired_creates_sql(changes, partial, connector) ~ ') c'} -%}
   {%- for step in range(1, 9) -%}
     {% do run_query('insert into ' ~ augmented ~ ' with '
       ~ 'history as (' ~ history ~ '), '
-      ~ 'deletes as (select _cdc_topic, _cdc_order' ~ key_names | join('') ~ ' from history b where ' ~ cdclake.moved_delete_sql() ~ ' and (_cdc_topic, _cdc_order) in (' ~ wanted.sql ~ ')) '
+      ~ 'deletes as (select b._cdc_topic, b._cdc_order' ~ key_names | join('') ~ ' from history b left semi join (' ~ wanted.sql ~ ') w on b._cdc_topic = w._cdc_topic and b._cdc_order = ' ~ cdclake.moved_delete_order_sql('w._cdc_order', 'w._cdc_connector') ~ ' where ' ~ cdclake.moved_delete_sql('b.') ~ ') '
       ~ 'select ' ~ columns ~ ', true, ' ~ step ~ ' from (select b.* from history b left semi join deletes d on b._cdc_topic = d._cdc_topic and b._cdc_order <= d._cdc_order'
       ~ (' and ' ~ keys | join(' and ') if keys else '') ~ ') h left anti join ' ~ augmented ~ ' u on h._cdc_topic = u._cdc_topic and h._cdc_partition = u._cdc_partition and h._cdc_offset = u._cdc_offset') %}
     {#- The creates this read added whose delete is not read yet: their old keys' values are wanted next. -#}
-    {%- do wanted.update({'sql': 'select distinct _cdc_topic, _cdc_order from (' ~ cdclake.unpaired_creates_sql(augmented, partial) ~ ') c where _cdc_step = ' ~ step}) -%}
+    {%- do wanted.update({'sql': 'select distinct _cdc_topic, _cdc_order, _cdc_connector from (' ~ cdclake.unpaired_creates_sql(augmented, partial, connector) ~ ') c where _cdc_step = ' ~ step}) -%}
     {%- if run_query('select count(*) from (' ~ wanted.sql ~ ')').rows[0][0] == 0 %}{% break %}{% endif -%}
   {%- endfor -%}
   {%- if run_query('select count(*) from ' ~ augmented ~ ' where _cdc_earlier').rows[0][0] == 0 -%}
@@ -263,10 +265,16 @@
 
 {#- The rows of `relation` that are primary-key changes' creates with a partial image (`partial`, a condition) whose
     delete is not in `relation` (`earlier`: of the unit, not of the rows moves_from_earlier_units added). -#}
-{% macro unpaired_creates_sql(relation, partial, earlier=false) -%}
-  select c.* from {{ relation }} c left anti join (select _cdc_topic, _cdc_order from {{ relation }} where {{ cdclake.moved_delete_sql() }}) d
-    on c._cdc_topic = d._cdc_topic and c._cdc_order = d._cdc_order
+{% macro unpaired_creates_sql(relation, partial, connector, earlier=false) -%}
+  select c.* from (select *, {{ connector }} as _cdc_connector from {{ relation }}) c left anti join ({{ cdclake.moved_deletes_sql(relation) }}) d
+    on c._cdc_topic = d._cdc_topic and d._cdc_order = {{ cdclake.moved_delete_order_sql('c._cdc_order', 'c._cdc_connector') }}
   where {{ cdclake.moved_create_sql('c.') }} and ({{ partial }}){{ ' and not c._cdc_earlier' if earlier else '' }}
+{%- endmacro %}
+
+
+{#- The positions of the primary-key changes' deletes in `relation`, as (_cdc_topic, _cdc_order). -#}
+{% macro moved_deletes_sql(relation) -%}
+  select distinct _cdc_topic, _cdc_order from {{ relation }} where {{ cdclake.moved_delete_sql() }}
 {%- endmacro %}
 
 
@@ -298,15 +306,14 @@
 {%- endmacro %}
 
 
-{#- Whether a primary-key change's create and delete of one topic (their `_cdc_order`s, and the create's connector
-    as `source.connector` names it) are one change: Debezium sends the two at one position, which for Oracle and
-    Informix with provide.transaction.metadata ends in the event's place in its transaction (ingest's
-    TRANSACTION_ORDERED), the create's right after its delete's. -#}
-{% macro moved_pair_sql(create_order, delete_order, connector) -%}
-  ({{ create_order }} = {{ delete_order }} or (coalesce({{ connector }} in ('oracle', 'informix'), false)
-    and size({{ create_order }}) = size({{ delete_order }}) and element_at({{ delete_order }}, -1) >= 0
-    and element_at({{ create_order }}, -1) = element_at({{ delete_order }}, -1) + 1
-    and slice({{ create_order }}, 1, size({{ create_order }}) - 1) = slice({{ delete_order }}, 1, size({{ delete_order }}) - 1)))
+{#- The position (`_cdc_order`) of the delete that Debezium sent with a primary-key change's create (its
+    `_cdc_order`, and its connector as `source.connector` names it): the create's own, which for Oracle and Informix
+    with provide.transaction.metadata ends in the event's place in its transaction (ingest's TRANSACTION_ORDERED;
+    from 1, -1 without the metadata), where the delete is one place before the create. Joined with equality. -#}
+{% macro moved_delete_order_sql(create_order, connector) -%}
+  case when coalesce({{ connector }} in ('oracle', 'informix'), false) and element_at({{ create_order }}, -1) > 1
+    then concat(slice({{ create_order }}, 1, size({{ create_order }}) - 1), array(element_at({{ create_order }}, -1) - 1))
+    else {{ create_order }} end
 {%- endmacro %}
 
 
@@ -496,7 +503,9 @@ unit as (
     {{ layout.key_exprs[key] }} as _cdc_fk{{ loop.index0 }},
     {%- endif %}
     {%- endfor %}
-    named_struct('o', _cdc_order, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
+    {#- A primary-key change's create folds as an update of the old key just before its delete: at the delete's
+        position (moved_delete_order_sql: Oracle's and Informix's can be the create's less one place). #}
+    named_struct('o', {{ 'coalesce(_cdc_m._cdc_delete_order, _cdc_order)' if moves else '_cdc_order' }}, 'r', {{ cdclake.op_rank('op') }}, 'f', _cdc_offset, 'p', 1) as _cdc_pos,
     {%- if layout.document and placeholder is not none %}
     after as _cdc_doc,
     {{ cdclake.json_placeholder_edits_sql(placeholder, cdclake.change_event_sql(''), partial) }} as _cdc_edits

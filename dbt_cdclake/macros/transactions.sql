@@ -148,9 +148,10 @@
 {#-
   The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
   {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
-  value to record (none when silver need not record one)}. `properties`: silver's, as the run read them. `scratch`:
-  a table of the run to hold the changes in, when rows moved between keys wait (see held_keys): read as a view,
-  their query would be planned again in every statement of the run.
+  value to record (none when silver need not record one), 'table': the table of the run it wrote, or none}.
+  `properties`: silver's, as the run read them. `scratch`: a table of the run to keep the changes in when rows
+  moved between keys wait (see held_keys): read as a view, their query would be planned again in every statement
+  of the run.
 -#}
 {% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
@@ -229,12 +230,13 @@
   {%- set state = {'from': since[ordered[0]], 'ids': ordered, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
   {%- set kept = cdclake.without_held_changes_sql(changes, keys, reading, state, holding) -%}
-  {%- if holding.moves is not none and scratch is not none -%}
-    {% do run_query('create table ' ~ scratch ~ ' using iceberg as ' ~ kept) %}
-    {%- set kept = 'select * from ' ~ scratch -%}
+  {%- set table = scratch if holding.moves is not none and scratch is not none else none -%}
+  {%- if table is not none -%}
+    {% do run_query('create table ' ~ table ~ ' using iceberg as ' ~ kept) %}
+    {%- set kept = 'select * from ' ~ table -%}
   {%- endif -%}
   {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ kept) %}
-  {{ return({'changes': complete, 'held': ordered, 'property': tojson(state)}) }}
+  {{ return({'changes': complete, 'held': ordered, 'property': tojson(state), 'table': table}) }}
 {%- endmacro %}
 
 
@@ -300,10 +302,16 @@
     {%- set view = cdclake.session_view('__cdc_held_keys' ~ round) -%}
     {% do run_query('create or replace temporary view ' ~ view ~ ' as ' ~ state.query) %}
     {%- set count = run_query('select count(*) from ' ~ view).rows[0][0] -%}
-    {%- if count == state.count %}{{ return({'held_keys': 'select * from ' ~ view, 'moves': moves}) }}{% endif -%}
-    {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
+    {%- if count == state.count -%}
+      {#- Moves that touch no held key change nothing: the run reads the unit as without them. -#}
+      {%- set touching = run_query('select count(*) from (select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched) m'
+        ~ ' left semi join ' ~ view ~ ' h on m.touched <=> h.k and m.p >= h.p').rows[0][0] -%}
+      {{ return({'held_keys': 'select * from ' ~ view, 'moves': moves if touching > 0 else none}) }}
+    {%- endif -%}
+    {#- Each key held so far, and both keys of each move it holds (joined by either key: `touched`): the round
+        reads the one before once. -#}
     {%- do state.update({'count': count, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ view ~ ' h'
-      ~ ' left join (' ~ moves ~ ') m on (m.k <=> h.k or m.nk <=> h.k) and m.p >= h.p and not m.held'
+      ~ ' left join (select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched where not held) m on m.touched <=> h.k and m.p >= h.p'
       ~ " lateral view explode(array(named_struct('k', h.k, 'p', h.p), named_struct('k', m.k, 'p', m.p), named_struct('k', m.nk, 'p', m.p))) s as e"
       ~ ' where s.e.p is not null'}) -%}
   {%- endfor -%}
@@ -315,7 +323,7 @@
 {#- The changes of `changes` that move a row from one key to another, each with the other key, as (t, pt, f: its
     topic, partition and offset; nk: its own key; k: the other; p: its position; tx: its transaction, as `tx`
     reads it; held: whether `of_held`, a condition, holds it): a primary-key change's create and delete (marked by
-    Debezium's headers, each paired with the other: moved_pair_sql), and an update whose
+    Debezium's headers, each paired with the other: moved_delete_order_sql), and an update whose
     images' keys differ (keys read from the images: it moves its row from its `before` image's key). None when
     bronze can hold neither. -#}
 {% macro key_moves_sql(changes, keys, reading, of_held, tx) -%}
@@ -323,8 +331,9 @@
   {%- set parts = [] -%}
   {%- if keys.headers -%}
     {%- set marked = 'select _cdc_topic as t, _cdc_partition as pt, _cdc_offset as f, _cdc_order as o, op, ' ~ reading.connector ~ ' as connector, ' ~ key ~ ' as nk, ' ~ position ~ ' as p, ' ~ tx ~ ' as tx, ' ~ of_held ~ ' as held from ' ~ changes ~ ' c where ' ~ cdclake.moved_create_sql('c.') ~ ' or ' ~ cdclake.moved_delete_sql('c.') -%}
-    {%- do parts.append('select a.t, a.pt, a.f, a.nk, b.nk as k, a.p, a.tx, a.held from (' ~ marked ~ ') a join (' ~ marked ~ ') b on a.t = b.t and a.op <> b.op'
-      ~ ' and case when a.op = \'c\' then ' ~ cdclake.moved_pair_sql('a.o', 'b.o', 'a.connector') ~ ' else ' ~ cdclake.moved_pair_sql('b.o', 'a.o', 'b.connector') ~ ' end') -%}
+    {%- set pairs = ' from (' ~ marked ~ ') c join (' ~ marked ~ ') d on c.t = d.t and c.op = \'c\' and d.op = \'d\' and d.o = ' ~ cdclake.moved_delete_order_sql('c.o', 'c.connector') -%}
+    {%- do parts.append('select c.t, c.pt, c.f, c.nk, d.nk as k, c.p, c.tx, c.held' ~ pairs) -%}
+    {%- do parts.append('select d.t, d.pt, d.f, d.nk, c.nk as k, d.p, d.tx, d.held' ~ pairs) -%}
   {%- endif -%}
   {%- if keys.moves is not none -%}
     {%- do parts.append('select _cdc_topic as t, _cdc_partition as pt, _cdc_offset as f, ' ~ key ~ ' as nk, ' ~ cdclake.key_struct(keys.old) ~ ' as k, ' ~ position ~ ' as p, ' ~ tx ~ ' as tx, ' ~ of_held ~ ' as held from ' ~ changes ~ ' c where ' ~ keys.moves) -%}

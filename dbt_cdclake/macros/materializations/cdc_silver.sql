@@ -296,6 +296,8 @@
     {%- endif -%}
     {%- if existing is not none -%}
       {% do cdclake.drop_batch_tables(target, run.schemas, run.name) %}
+    {%- elif completed.get('table') -%}
+      {% do run_query('drop table if exists ' ~ completed.table ~ ' purge') %}
     {%- endif -%}
     {%- if horizon is not none and delete_mode == 'hard' -%}
       {% do cdclake.purge_past_horizon(target, tombstones, delete_mode, horizon) %}
