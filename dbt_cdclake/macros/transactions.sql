@@ -279,12 +279,12 @@
 
 
 {#-
-  The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the held
-  transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
-  `changes` holds no change that moves a row between keys}. A held transaction holds the keys its changes touch,
-  from each change's position on. A change that moves a row waits behind a held change of either of its keys, and
-  then holds both keys in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held change of 1
-  takes two. The rounds are temporary views of the session, each reading the one before.
+  The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the
+  held transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
+  no change of `changes` that moves a row between keys touches a held key}. A held transaction holds the keys its
+  changes touch, from each change's position on. A change that moves a row waits behind a held change of either of
+  its keys, and then holds both keys in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held
+  change of 1 takes two. The rounds are temporary views of the session, each reading the one before.
 -#}
 {% macro held_keys(changes, keys, reading, held) -%}
   {%- set match = held.get('match', 'id') -%}
@@ -321,11 +321,10 @@
 
 
 {#- The changes of `changes` that move a row from one key to another, each with the other key, as (t, pt, f: its
-    topic, partition and offset; nk: its own key; k: the other; p: its position; tx: its transaction, as `tx`
-    reads it; held: whether `of_held`, a condition, holds it): a primary-key change's create and delete (marked by
-    Debezium's headers, each paired with the other: moved_delete_order_sql), and an update whose
-    images' keys differ (keys read from the images: it moves its row from its `before` image's key). None when
-    bronze can hold neither. -#}
+    topic, partition and offset; nk: its own key; k: the other; p: its position; tx: its transaction, as `tx` reads
+    it; held: whether `of_held`, a condition, holds it): a primary-key change's create and delete (marked by
+    Debezium's headers, each paired with the other: moved_delete_order_sql), and an update whose images' keys differ
+    (keys read from the images: it moves its row from its `before` image's key). None when bronze can hold neither. -#}
 {% macro key_moves_sql(changes, keys, reading, of_held, tx) -%}
   {%- set key, position = cdclake.key_struct(keys.exprs), cdclake.change_position('c') -%}
   {%- set parts = [] -%}
