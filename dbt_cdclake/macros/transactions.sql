@@ -250,13 +250,14 @@
 {% macro without_held_changes_sql(changes, keys, reading, held, holding=none) -%}
   {%- set holding = holding if holding is not none else cdclake.held_keys(changes, keys, reading, held) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
+  {%- set waiting = '(select k, min(p) as p from (' ~ holding.held_keys ~ ') group by k)' -%}  {#- per key: where its changes begin to wait -#}
     select c.* from {{ changes }} c
-    left anti join (select k, min(p) as p from ({{ holding.held_keys }}) group by k) held
+    left anti join {{ waiting }} held
       on {{ cdclake.key_struct(keys.exprs) }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
     {%- if holding.moves is not none %}
     left anti join (
       select m.t, m.pt, m.f from ({{ holding.moves }}) m
-      join (select k, min(p) as p from ({{ holding.held_keys }}) group by k) h on m.k <=> h.k and m.p >= h.p
+      join {{ waiting }} h on m.k <=> h.k and m.p >= h.p
     ) moved on c._cdc_topic = moved.t and c._cdc_partition = moved.pt and c._cdc_offset = moved.f
     {%- endif %}
     where not {{ of_held }}
@@ -297,6 +298,8 @@
   {%- endif -%}
   {#- A held transaction's own moves touch their other key too. -#}
   {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
+  {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
+  {%- set by_touched = 'select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched' -%}
   {%- set state = {'query': first, 'count': none} -%}
   {%- for round in range(16) -%}
     {%- set view = cdclake.session_view('__cdc_held_keys' ~ round) -%}
@@ -304,14 +307,12 @@
     {%- set count = run_query('select count(*) from ' ~ view).rows[0][0] -%}
     {%- if count == state.count -%}
       {#- Moves that touch no held key change nothing: the run reads the unit as without them. -#}
-      {%- set touching = run_query('select count(*) from (select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched) m'
-        ~ ' left semi join ' ~ view ~ ' h on m.touched <=> h.k and m.p >= h.p').rows[0][0] -%}
+      {%- set touching = run_query('select count(*) from (' ~ by_touched ~ ') m left semi join ' ~ view ~ ' h on m.touched <=> h.k and m.p >= h.p').rows[0][0] -%}
       {{ return({'held_keys': 'select * from ' ~ view, 'moves': moves if touching > 0 else none}) }}
     {%- endif -%}
-    {#- Each key held so far, and both keys of each move it holds (joined by either key: `touched`): the round
-        reads the one before once. -#}
+    {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
     {%- do state.update({'count': count, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ view ~ ' h'
-      ~ ' left join (select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched where not held) m on m.touched <=> h.k and m.p >= h.p'
+      ~ ' left join (' ~ by_touched ~ ' where not held) m on m.touched <=> h.k and m.p >= h.p'
       ~ " lateral view explode(array(named_struct('k', h.k, 'p', h.p), named_struct('k', m.k, 'p', m.p), named_struct('k', m.nk, 'p', m.p))) s as e"
       ~ ' where s.e.p is not null'}) -%}
   {%- endfor -%}
