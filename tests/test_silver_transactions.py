@@ -527,7 +527,7 @@ def test_a_primary_key_change_waits_behind_a_held_change_of_either_key(harness: 
     assert harness.silver(topic) == {1: "a", 7: "g", 8: "h", 10: "moved10"}
     held = orjson.loads(load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties[HELD])
     assert held["ids"] == ["t1"]
-    # The run kept the unit in a table of its own (the moves wait), and dropped it when done.
+    # The run kept the coordinates of the changes it held in a table of its own, and dropped it when done.
     tables = [row["tableName"] for row in harness.spark.sql("show tables in cdclake_scratch.silver").collect()]
     assert not [name for name in tables if name.startswith(f"{topic.table}__cdc_batch") and name.endswith("_held")]
     # t1's last change lands: everything is applied, in order.

@@ -149,9 +149,10 @@
   The unit of work `changes` without the changes of transactions not complete in bronze as of snapshot `end`:
   {'changes': the relation to read, 'held': the transactions held (ids), 'property': the cdclake.held_transactions
   value to record (none when silver need not record one), 'table': the table of the run it wrote, or none}.
-  `properties`: silver's, as the run read them. `scratch`: a table of the run to keep the changes in when rows
-  moved between keys wait (see held_keys): read as a view, their query would be planned again in every statement
-  of the run.
+  `properties`: silver's, as the run read them. `scratch`: a table of the run to keep the held changes'
+  coordinates in (held_changes_sql): read as a view, the query that finds them (over held_keys' rounds) would be
+  planned again in every statement of the run that reads the unit, which on Spark costs seconds each, whatever
+  the unit's size; the coordinates are few, and the anti-join with them is planned at once.
 -#}
 {% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
@@ -229,38 +230,49 @@
   {%- for id in ids if id not in holders %}{% do ordered.append(id) %}{% endfor -%}
   {%- set state = {'from': since[ordered[0]], 'ids': ordered, 'since': since, 'match': match} -%}
   {%- set complete = cdclake.session_view('__cdc_complete') -%}
-  {%- set kept = cdclake.without_held_changes_sql(changes, keys, reading, state, holding) -%}
-  {%- set table = scratch if holding.moves is not none and scratch is not none else none -%}
-  {%- if table is not none -%}
-    {% do run_query('create table ' ~ table ~ ' using iceberg as ' ~ kept) %}
-    {%- set kept = 'select * from ' ~ table -%}
+  {%- set held_changes = '(' ~ cdclake.held_changes_sql(changes, keys, reading, state, holding) ~ ')' -%}
+  {%- if scratch is not none -%}
+    {% do run_query('create table ' ~ scratch ~ ' using iceberg as select * from ' ~ held_changes) %}
+    {%- set held_changes = scratch -%}
   {%- endif -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ kept) %}
-  {{ return({'changes': complete, 'held': ordered, 'property': tojson(state), 'table': table}) }}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, keys, reading, state, holding, held_changes)) %}
+  {{ return({'changes': complete, 'held': ordered, 'property': tojson(state), 'table': scratch}) }}
 {%- endmacro %}
 
 
-{#- The rows of `changes` (a relation, or a parenthesised query) but the changes of the transactions `held` holds
-    and, for each key one of those changes touches, the later changes of that key (by source position; `keys`,
-    held_key_reading's): applied before the held change they follow, a partial image (a MongoDB patch, an
-    unavailable-value placeholder) would have no image to fold onto, and a full one would show the key's later
-    state before its transaction is complete. A change that moves a row between keys touches both (key_moves_sql),
-    and holds back the later changes of both once held. They are read again with the held ones. `holding`:
-    held_keys' (computed when none). -#}
-{% macro without_held_changes_sql(changes, keys, reading, held, holding=none) -%}
+{#- The rows of `changes` (a relation, or a parenthesised query) but those held_changes_sql gives: the changes of
+    the transactions `held` holds and, for each key one of those changes touches, the later changes of that key
+    (by source position; `keys`, held_key_reading's): applied before the held change they follow, a partial image
+    (a MongoDB patch, an unavailable-value placeholder) would have no image to fold onto, and a full one would show
+    the key's later state before its transaction is complete. A change that moves a row between keys touches both
+    (key_moves_sql), and holds back the later changes of both once held. They are read again with the held ones.
+    `holding`: held_keys' (computed when none); `held_changes`: a relation of held_changes_sql's rows (computed
+    when none). -#}
+{% macro without_held_changes_sql(changes, keys, reading, held, holding=none, held_changes=none) -%}
+  {%- set held_changes = held_changes if held_changes is not none else '(' ~ cdclake.held_changes_sql(changes, keys, reading, held, holding) ~ ')' -%}
+    select c.* from {{ changes }} c
+    left anti join {{ held_changes }} h
+      on c._cdc_topic <=> h.t and c._cdc_partition <=> h.pt and c._cdc_offset <=> h.f and c._cdc_order <=> h.o
+{%- endmacro %}
+
+
+{#- The changes of `changes` that `held` holds back (without_held_changes_sql says which), as (t, pt, f, o): their
+    bronze coordinates (topic, partition, offset, and `_cdc_order`, which tells apart the records of a topic
+    deleted and created again), each once or more. -#}
+{% macro held_changes_sql(changes, keys, reading, held, holding=none) -%}
   {%- set holding = holding if holding is not none else cdclake.held_keys(changes, keys, reading, held) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
   {%- set waiting = '(select k, min(p) as p from (' ~ holding.held_keys ~ ') group by k)' -%}  {#- per key: where its changes begin to wait -#}
-    select c.* from {{ changes }} c
-    left anti join {{ waiting }} held
+    select c._cdc_topic as t, c._cdc_partition as pt, c._cdc_offset as f, c._cdc_order as o from {{ changes }} c
+    left semi join {{ waiting }} held
       on {{ cdclake.key_struct(keys.exprs) }} <=> held.k and {{ cdclake.change_position('c') }} >= held.p
+    union all
+    select _cdc_topic, _cdc_partition, _cdc_offset, _cdc_order from {{ changes }} c where {{ of_held }}
     {%- if holding.moves is not none %}
-    left anti join (
-      select m.t, m.pt, m.f from ({{ holding.moves }}) m
-      join {{ waiting }} h on m.k <=> h.k and m.p >= h.p
-    ) moved on c._cdc_topic = moved.t and c._cdc_partition = moved.pt and c._cdc_offset = moved.f
+    union all
+    select m.t, m.pt, m.f, m.p.o from ({{ holding.moves }}) m
+    join {{ waiting }} h on m.k <=> h.k and m.p >= h.p
     {%- endif %}
-    where not {{ of_held }}
 {%- endmacro %}
 
 
@@ -293,23 +305,23 @@
   {%- set tx = cdclake.transaction_identity(reading.id, match) -%}
   {%- set own = 'select ' ~ cdclake.key_struct(keys.exprs) ~ ' as k, ' ~ tx ~ ' as tx, ' ~ cdclake.change_position('c') ~ ' as p from ' ~ changes ~ ' c where ' ~ of_held -%}
   {%- set moves = cdclake.key_moves_sql(changes, keys, reading, of_held, tx) -%}
-  {%- if moves is none or run_query('select count(*) from (' ~ moves ~ ')').rows[0][0] == 0 -%}
+  {%- if moves is none %}{{ return({'held_keys': own, 'moves': none}) }}{% endif -%}
+  {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
+  {%- set by_touched = 'select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched' -%}
+  {#- No move touching a held transaction's own keys (its own moves touch them: their key is its change's): no
+      round can find more, and the queries that read the held keys stay as small as `own` (the usual case, each
+      statement that reads them planned in a fraction of the time). -#}
+  {%- if run_query('select count(*) from (' ~ by_touched ~ ') m left semi join (' ~ own ~ ') h on m.touched <=> h.k and m.p >= h.p').rows[0][0] == 0 -%}
     {{ return({'held_keys': own, 'moves': none}) }}
   {%- endif -%}
   {#- A held transaction's own moves touch their other key too. -#}
   {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
-  {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
-  {%- set by_touched = 'select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched' -%}
   {%- set state = {'query': first, 'count': none} -%}
   {%- for round in range(16) -%}
     {%- set view = cdclake.session_view('__cdc_held_keys' ~ round) -%}
     {% do run_query('create or replace temporary view ' ~ view ~ ' as ' ~ state.query) %}
     {%- set count = run_query('select count(*) from ' ~ view).rows[0][0] -%}
-    {%- if count == state.count -%}
-      {#- Moves that touch no held key change nothing: the run reads the unit as without them. -#}
-      {%- set touching = run_query('select count(*) from (' ~ by_touched ~ ') m left semi join ' ~ view ~ ' h on m.touched <=> h.k and m.p >= h.p').rows[0][0] -%}
-      {{ return({'held_keys': 'select * from ' ~ view, 'moves': moves if touching > 0 else none}) }}
-    {%- endif -%}
+    {%- if count == state.count %}{{ return({'held_keys': 'select * from ' ~ view, 'moves': moves}) }}{% endif -%}
     {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
     {%- do state.update({'count': count, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ view ~ ' h'
       ~ ' left join (' ~ by_touched ~ ' where not held) m on m.touched <=> h.k and m.p >= h.p'
