@@ -152,7 +152,7 @@
   `properties`: silver's, as the run read them. `scratch`: a table of the run to keep the held changes'
   coordinates in (held_changes_sql): read as a view, the query that finds them (over held_keys' rounds) would be
   planned again in every statement of the run that reads the unit, which on Spark costs seconds each, whatever
-  the unit's size; the coordinates are few, and the anti-join with them is planned at once.
+  the unit's size; the coordinates are four columns per held change, and the anti-join with them plans at once.
 -#}
 {% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
@@ -257,8 +257,8 @@
 
 
 {#- The changes of `changes` that `held` holds back (without_held_changes_sql says which), as (t, pt, f, o): their
-    bronze coordinates (topic, partition, offset, and `_cdc_order`, which tells apart the records of a topic
-    deleted and created again), each once or more. -#}
+    topic, partition and offset, which identify a bronze row (ingest skips the offsets bronze holds), and their
+    `_cdc_order`, matched too at no cost; each once or more. -#}
 {% macro held_changes_sql(changes, keys, reading, held, holding=none) -%}
   {%- set holding = holding if holding is not none else cdclake.held_keys(changes, keys, reading, held) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
