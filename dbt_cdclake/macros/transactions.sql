@@ -12,7 +12,7 @@
   PostgreSQL's transaction ids end in a position that differs between a transaction's events and its END
   (`734:22088504`, `734:22089000`): they are matched on the transaction number before the colon.
 
-  A held change, and the later changes of its key (without_held_changes_sql), stay out of everything the run
+  A held change, and the later changes of its key (held_changes_sql), stay out of everything the run
   applies; the run records, per held transaction, where the run that first held it began (where this run began,
   for one whose key holds back later changes), and the next run reads bronze again from the oldest of those
   (applying a change again is harmless: the ordering guard ignores it), so the held changes are applied by the
@@ -223,7 +223,7 @@
       so that the first id's is still where the next run reads from. -#}
   {%- set keys = cdclake.model_key_reading(bronze, types) -%}
   {%- set pending = {'ids': ids, 'match': match} -%}
-  {%- set holding = cdclake.held_keys(changes, keys, reading, pending) -%}
+  {%- set holding = cdclake.held_keys(changes, keys, reading, pending, scratch) -%}
   {%- set holders = run_query(cdclake.key_holding_transactions_sql(changes, keys, reading, pending, holding)).columns[0].values() | list -%}
   {%- set ordered = [] -%}
   {%- for id in ids if id in holders %}{% do ordered.append(id) %}{% do since.update({id: start}) %}{% endfor -%}
@@ -235,30 +235,29 @@
     {% do run_query('create table ' ~ scratch ~ ' using iceberg as select * from ' ~ held_changes) %}
     {%- set held_changes = scratch -%}
   {%- endif -%}
-  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, keys, reading, state, holding, held_changes)) %}
+  {%- for table in holding.tables %}{% do run_query('drop table if exists ' ~ table ~ ' purge') %}{% endfor -%}
+  {% do run_query('create or replace temporary view ' ~ complete ~ ' as ' ~ cdclake.without_held_changes_sql(changes, held_changes)) %}
   {{ return({'changes': complete, 'held': ordered, 'property': tojson(state), 'table': scratch}) }}
 {%- endmacro %}
 
 
-{#- The rows of `changes` (a relation, or a parenthesised query) but those held_changes_sql gives: the changes of
-    the transactions `held` holds and, for each key one of those changes touches, the later changes of that key
-    (by source position; `keys`, held_key_reading's): applied before the held change they follow, a partial image
-    (a MongoDB patch, an unavailable-value placeholder) would have no image to fold onto, and a full one would show
-    the key's later state before its transaction is complete. A change that moves a row between keys touches both
-    (key_moves_sql), and holds back the later changes of both once held. They are read again with the held ones.
-    `holding`: held_keys' (computed when none); `held_changes`: a relation of held_changes_sql's rows (computed
-    when none). -#}
-{% macro without_held_changes_sql(changes, keys, reading, held, holding=none, held_changes=none) -%}
-  {%- set held_changes = held_changes if held_changes is not none else '(' ~ cdclake.held_changes_sql(changes, keys, reading, held, holding) ~ ')' -%}
+{#- The rows of `changes` (a relation, or a parenthesised query) but those `held_changes` lists (held_changes_sql's
+    rows, as a relation or a parenthesised query). -#}
+{% macro without_held_changes_sql(changes, held_changes) -%}
     select c.* from {{ changes }} c
     left anti join {{ held_changes }} h
       on c._cdc_topic <=> h.t and c._cdc_partition <=> h.pt and c._cdc_offset <=> h.f and c._cdc_order <=> h.o
 {%- endmacro %}
 
 
-{#- The changes of `changes` that `held` holds back (without_held_changes_sql says which), as (t, pt, f, o): their
-    topic, partition and offset, which identify a bronze row (ingest skips the offsets bronze holds), and their
-    `_cdc_order`, matched too at no cost; each once or more. -#}
+{#- The changes of `changes` that `held` holds back, as (t, pt, f, o): their topic, partition and offset, which
+    identify a bronze row (ingest skips the offsets bronze holds), and their `_cdc_order`, matched too at no cost;
+    each once or more. Held back: the changes of the transactions `held` holds and, for each key one of those
+    changes touches, the later changes of that key (by source position; `keys`, held_key_reading's): applied before
+    the held change they follow, a partial image (a MongoDB patch, an unavailable-value placeholder) would have no
+    image to fold onto, and a full one would show the key's later state before its transaction is complete. A
+    change that moves a row between keys touches both (key_moves_sql), and holds back the later changes of both
+    once held. They are read again with the held ones. `holding`: held_keys' (computed when none). -#}
 {% macro held_changes_sql(changes, keys, reading, held, holding=none) -%}
   {%- set holding = holding if holding is not none else cdclake.held_keys(changes, keys, reading, held) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
@@ -277,7 +276,7 @@
 
 
 {#- The held transactions (of `held`) whose changes hold back later changes of their keys in `changes`, changes of
-    other transactions or of none (without_held_changes_sql). -#}
+    other transactions or of none (held_changes_sql). -#}
 {% macro key_holding_transactions_sql(changes, keys, reading, held, holding) -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, held.get('match', 'id')) -%}
     select distinct h.tx from ({{ holding.held_keys }}) h
@@ -294,42 +293,63 @@
 {#-
   The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the
   held transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
-  no change of `changes` that moves a row between keys touches a held key}. A held transaction holds the keys its
-  changes touch, from each change's position on. A change that moves a row waits behind a held change of either of
-  its keys, and then holds both keys in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held
-  change of 1 takes two. The rounds are temporary views of the session, each reading the one before.
+  no change of `changes` that moves a row between keys touches a held key; 'tables': the tables it wrote, for the
+  caller to drop once it has read the two}. A held transaction holds the keys its changes touch, from each change's
+  position on. A change that moves a row waits behind a held change of either of its keys, and then holds both keys
+  in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held change of 1 takes two.
+  `scratch`: a name for tables of the run (a model run's; the shipped tests write none). With it, the moves and
+  each round are written to tables, each round reading the one before; without, they are temporary views of the
+  session, each round nesting the ones before it, which Spark analyses again in every statement that reads them
+  (seconds a statement after a few rounds).
 -#}
-{% macro held_keys(changes, keys, reading, held) -%}
+{% macro held_keys(changes, keys, reading, held, scratch=none) -%}
   {%- set match = held.get('match', 'id') -%}
   {%- set of_held = cdclake.of_transactions(reading, held.ids, match) -%}
   {%- set tx = cdclake.transaction_identity(reading.id, match) -%}
   {%- set own = 'select ' ~ cdclake.key_struct(keys.exprs) ~ ' as k, ' ~ tx ~ ' as tx, ' ~ cdclake.change_position('c') ~ ' as p from ' ~ changes ~ ' c where ' ~ of_held -%}
   {%- set moves = cdclake.key_moves_sql(changes, keys, reading, of_held, tx) -%}
-  {%- if moves is none %}{{ return({'held_keys': own, 'moves': none}) }}{% endif -%}
+  {%- if moves is none %}{{ return({'held_keys': own, 'moves': none, 'tables': []}) }}{% endif -%}
+  {%- set tables = [] -%}
+  {%- if scratch is not none -%}
+    {%- do tables.append(scratch ~ '_moves') -%}
+    {% do run_query('create table ' ~ tables[0] ~ ' using iceberg as ' ~ moves) %}
+    {%- set moves = 'select * from ' ~ tables[0] -%}
+  {%- endif -%}
   {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
   {%- set by_touched = 'select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched' -%}
   {#- No move touching a held transaction's own keys (its own moves touch them: their key is its change's): no
       round can find more, and the queries that read the held keys stay as small as `own` (the usual case, each
       statement that reads them planned in a fraction of the time). -#}
   {%- if run_query('select count(*) from (' ~ by_touched ~ ') m left semi join (' ~ own ~ ') h on m.touched <=> h.k and m.p >= h.p').rows[0][0] == 0 -%}
-    {{ return({'held_keys': own, 'moves': none}) }}
+    {%- for table in tables %}{% do run_query('drop table if exists ' ~ table ~ ' purge') %}{% endfor -%}
+    {{ return({'held_keys': own, 'moves': none, 'tables': []}) }}
   {%- endif -%}
   {#- A held transaction's own moves touch their other key too. -#}
   {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
-  {%- set state = {'query': first, 'count': none} -%}
+  {%- set state = {'query': first, 'count': none, 'relation': none} -%}
   {%- for round in range(16) -%}
-    {%- set view = cdclake.session_view('__cdc_held_keys' ~ round) -%}
-    {% do run_query('create or replace temporary view ' ~ view ~ ' as ' ~ state.query) %}
-    {%- set count = run_query('select count(*) from ' ~ view).rows[0][0] -%}
-    {%- if count == state.count %}{{ return({'held_keys': 'select * from ' ~ view, 'moves': moves}) }}{% endif -%}
+    {%- if scratch is not none -%}
+      {%- set relation = scratch ~ '_keys' ~ round -%}
+      {% do run_query('create table ' ~ relation ~ ' using iceberg as ' ~ state.query) %}
+      {#- The round before is read only by this one. -#}
+      {%- if state.relation is not none %}{% do run_query('drop table if exists ' ~ state.relation ~ ' purge') %}{% endif -%}
+    {%- else -%}
+      {%- set relation = cdclake.session_view('__cdc_held_keys' ~ round) -%}
+      {% do run_query('create or replace temporary view ' ~ relation ~ ' as ' ~ state.query) %}
+    {%- endif -%}
+    {%- set count = run_query('select count(*) from ' ~ relation).rows[0][0] -%}
+    {%- if count == state.count -%}
+      {{ return({'held_keys': 'select * from ' ~ relation, 'moves': moves, 'tables': tables + ([relation] if scratch is not none else [])}) }}
+    {%- endif -%}
     {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
-    {%- do state.update({'count': count, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ view ~ ' h'
+    {%- do state.update({'count': count, 'relation': relation if scratch is not none else none, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ relation ~ ' h'
       ~ ' left join (' ~ by_touched ~ ' where not held) m on m.touched <=> h.k and m.p >= h.p'
       ~ " lateral view explode(array(named_struct('k', h.k, 'p', h.p), named_struct('k', m.k, 'p', m.p), named_struct('k', m.nk, 'p', m.p))) s as e"
       ~ ' where s.e.p is not null'}) -%}
   {%- endfor -%}
   {{ exceptions.warn("cdc_silver model '" ~ model.name ~ "': complete_transactions: rows moved between keys more than 16 times behind held transactions " ~ held.ids[:3] | join(', ') ~ "; the later moves are applied without waiting for them") }}
-  {{ return({'held_keys': 'select * from ' ~ cdclake.session_view('__cdc_held_keys15'), 'moves': moves}) }}
+  {%- set last = scratch ~ '_keys15' if scratch is not none else cdclake.session_view('__cdc_held_keys15') -%}
+  {{ return({'held_keys': 'select * from ' ~ last, 'moves': moves, 'tables': tables + ([last] if scratch is not none else [])}) }}
 {%- endmacro %}
 
 

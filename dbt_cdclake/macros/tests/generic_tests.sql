@@ -94,7 +94,9 @@
   {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') -%}
   {#- Held changes first, the model's `where` after, as the model reads them (its SQL reads what is not held). -#}
   {%- if held is not none and execute -%}
-    {%- set read = cdclake.without_held_changes_sql('(' ~ read ~ ')', cdclake.held_key_reading(reading, keys, types), cdclake.transaction_reading(bronze, types), held) -%}
+    {%- set read = '(' ~ read ~ ')' -%}
+    {%- set held_changes = cdclake.held_changes_sql(read, cdclake.held_key_reading(reading, keys, types), cdclake.transaction_reading(bronze, types), held) -%}
+    {%- set read = cdclake.without_held_changes_sql(read, '(' ~ held_changes ~ ')') -%}
   {%- endif -%}
   {%- set read = 'select * from (' ~ read ~ ') read_rows' ~ kept if kept else read -%}
   {#- An update that moved its row to another key deletes the old key, as the model applies it. -#}
