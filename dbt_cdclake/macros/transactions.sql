@@ -153,6 +153,7 @@
   coordinates in (held_changes_sql): read as a view, the query that finds them (over held_keys' rounds) would be
   planned again in every statement of the run that reads the unit, which on Spark costs seconds each, whatever
   the unit's size; the coordinates are four columns per held change, and the anti-join with them plans at once.
+  Also the prefix of held_keys' tables (`<scratch>_moves`, `<scratch>_keys<N>`), dropped here once read.
 -#}
 {% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
@@ -293,8 +294,8 @@
 {#-
   The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the
   held transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
-  no change of `changes` that moves a row between keys touches a held key; 'tables': the tables it wrote, for the
-  caller to drop once it has read the two}. A held transaction holds the keys its changes touch, from each change's
+  no change of `changes` that moves a row between keys touches a held key; 'tables': the tables it left (the moves
+  and the last round), for the caller to drop once it has read the two}. A held transaction holds the keys its changes touch, from each change's
   position on. A change that moves a row waits behind a held change of either of its keys, and then holds both keys
   in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held change of 1 takes two.
   `scratch`: a name for tables of the run (a model run's; the shipped tests write none). With it, the moves and
@@ -309,21 +310,21 @@
   {%- set own = 'select ' ~ cdclake.key_struct(keys.exprs) ~ ' as k, ' ~ tx ~ ' as tx, ' ~ cdclake.change_position('c') ~ ' as p from ' ~ changes ~ ' c where ' ~ of_held -%}
   {%- set moves = cdclake.key_moves_sql(changes, keys, reading, of_held, tx) -%}
   {%- if moves is none %}{{ return({'held_keys': own, 'moves': none, 'tables': []}) }}{% endif -%}
+  {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
+  {%- set touching = 'select * from ({0}) lateral view explode(array(k, nk)) t as touched' -%}
+  {#- No move touching a held transaction's own keys (its own moves touch them: their key is its change's): no
+      round can find more, and the queries that read the held keys stay as small as `own` (the usual case, each
+      statement that reads them planned in a fraction of the time). -#}
+  {%- if run_query('select count(*) from (' ~ touching.format(moves) ~ ') m left semi join (' ~ own ~ ') h on m.touched <=> h.k and m.p >= h.p').rows[0][0] == 0 -%}
+    {{ return({'held_keys': own, 'moves': none, 'tables': []}) }}
+  {%- endif -%}
   {%- set tables = [] -%}
   {%- if scratch is not none -%}
     {%- do tables.append(scratch ~ '_moves') -%}
     {% do run_query('create table ' ~ tables[0] ~ ' using iceberg as ' ~ moves) %}
     {%- set moves = 'select * from ' ~ tables[0] -%}
   {%- endif -%}
-  {#- Each move once per key it touches (`touched`), to join it by either key with equality. -#}
-  {%- set by_touched = 'select * from (' ~ moves ~ ') lateral view explode(array(k, nk)) t as touched' -%}
-  {#- No move touching a held transaction's own keys (its own moves touch them: their key is its change's): no
-      round can find more, and the queries that read the held keys stay as small as `own` (the usual case, each
-      statement that reads them planned in a fraction of the time). -#}
-  {%- if run_query('select count(*) from (' ~ by_touched ~ ') m left semi join (' ~ own ~ ') h on m.touched <=> h.k and m.p >= h.p').rows[0][0] == 0 -%}
-    {%- for table in tables %}{% do run_query('drop table if exists ' ~ table ~ ' purge') %}{% endfor -%}
-    {{ return({'held_keys': own, 'moves': none, 'tables': []}) }}
-  {%- endif -%}
+  {%- set by_touched = touching.format(moves) -%}
   {#- A held transaction's own moves touch their other key too. -#}
   {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
   {%- set state = {'query': first, 'count': none, 'relation': none} -%}
