@@ -295,9 +295,10 @@
   The keys the held transactions (`held`) hold back, as {'held_keys': a query of (k: a key, as key_struct; tx: the
   held transaction; p: the position from which the key's changes wait), 'moves': key_moves_sql's query, or none when
   no change of `changes` that moves a row between keys touches a held key; 'tables': the tables it left (the moves
-  and the last round), for the caller to drop once it has read the two}. A held transaction holds the keys its changes touch, from each change's
-  position on. A change that moves a row waits behind a held change of either of its keys, and then holds both keys
-  in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a held change of 1 takes two.
+  and the last round), for the caller to drop once it has read the two}. A held transaction holds the keys its
+  changes touch, from each change's position on. A change that moves a row waits behind a held change of either
+  of its keys, and then holds both keys in turn, so the keys are found in rounds: a row moved 1 -> 2 -> 3 behind a
+  held change of 1 takes two.
   `scratch`: a name for tables of the run (a model run's; the shipped tests write none). With it, the moves and
   each round are written to tables, each round reading the one before; without, they are temporary views of the
   session, each round nesting the ones before it, which Spark analyses again in every statement that reads them
