@@ -25,7 +25,8 @@ others=$!
 trap 'wait "$others"; exit 130' INT
 trap 'kill -INT "$others" 2>/dev/null; wait "$others"; exit 143' TERM
 
-"$PY" -m pytest -m "dbt and not slow" -n "$DBT_WORKERS" --dist loadfile --durations=15 "$@"
+# Whole modules, longest first (tests/conftest.py, DBT_MODULES_LONGEST_FIRST).
+"$PY" -m pytest -m "dbt and not slow" -n "$DBT_WORKERS" --dist loadfile --no-loadscope-reorder --durations=15 "$@"
 dbt_status=$?
 wait "$others"
 others_status=$?

@@ -114,6 +114,8 @@ def test_each_shipped_test_fails_on_wrong_silver(harness: SilverHarness, built: 
         ("cdclake_keys_unique", lambda: rows.writeTo(table).append()),
         # a live key lost
         ("cdclake_equals_recompute", lambda: harness.spark.sql(f"delete from {table} where id = 4").collect()),
+        # a live key bronze never held
+        ("cdclake_equals_recompute", lambda: rows.withColumn("id", F.lit(99)).writeTo(table).append()),
         # a live key at the right change, with a value the change does not hold
         (
             "cdclake_equals_recompute",

@@ -330,28 +330,38 @@
   {%- set first = own ~ ' union select k, tx, p from (' ~ moves ~ ') where held' -%}
   {%- set state = {'query': first, 'count': none, 'relation': none} -%}
   {%- for round in range(16) -%}
+    {%- set relation = cdclake.held_keys_round(state.query, round, scratch) -%}
     {%- if scratch is not none -%}
-      {%- set relation = scratch ~ '_keys' ~ round -%}
-      {% do run_query('create table ' ~ relation ~ ' using iceberg as ' ~ state.query) %}
       {#- The round before is read only by this one. -#}
-      {%- if state.relation is not none %}{% do run_query('drop table if exists ' ~ state.relation ~ ' purge') %}{% endif -%}
-    {%- else -%}
-      {%- set relation = cdclake.session_view('__cdc_held_keys' ~ round) -%}
-      {% do run_query('create or replace temporary view ' ~ relation ~ ' as ' ~ state.query) %}
+      {%- if round > 0 %}{% do run_query('drop table if exists ' ~ tables.pop() ~ ' purge') %}{% endif -%}
+      {%- do tables.append(relation) -%}
     {%- endif -%}
     {%- set count = run_query('select count(*) from ' ~ relation).rows[0][0] -%}
     {%- if count == state.count -%}
-      {{ return({'held_keys': 'select * from ' ~ relation, 'moves': moves, 'tables': tables + ([relation] if scratch is not none else [])}) }}
+      {{ return({'held_keys': 'select * from ' ~ relation, 'moves': moves, 'tables': tables}) }}
     {%- endif -%}
     {#- Each key held so far, and both keys of each move it holds: the round reads the one before once. -#}
-    {%- do state.update({'count': count, 'relation': relation if scratch is not none else none, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ relation ~ ' h'
+    {%- do state.update({'count': count, 'relation': relation, 'query': 'select distinct s.e.k, h.tx, s.e.p from ' ~ relation ~ ' h'
       ~ ' left join (' ~ by_touched ~ ' where not held) m on m.touched <=> h.k and m.p >= h.p'
       ~ " lateral view explode(array(named_struct('k', h.k, 'p', h.p), named_struct('k', m.k, 'p', m.p), named_struct('k', m.nk, 'p', m.p))) s as e"
       ~ ' where s.e.p is not null'}) -%}
   {%- endfor -%}
   {{ exceptions.warn("cdc_silver model '" ~ model.name ~ "': complete_transactions: rows moved between keys more than 16 times behind held transactions " ~ held.ids[:3] | join(', ') ~ "; the later moves are applied without waiting for them") }}
-  {%- set last = scratch ~ '_keys15' if scratch is not none else cdclake.session_view('__cdc_held_keys15') -%}
-  {{ return({'held_keys': 'select * from ' ~ last, 'moves': moves, 'tables': tables + ([last] if scratch is not none else [])}) }}
+  {{ return({'held_keys': 'select * from ' ~ state.relation, 'moves': moves, 'tables': tables}) }}
+{%- endmacro %}
+
+
+{#- Round `round` of held_keys' keys (`query`): a table of the run when there is `scratch`, a session view
+    otherwise. -#}
+{% macro held_keys_round(query, round, scratch) -%}
+  {%- if scratch is none -%}
+    {%- set relation = cdclake.session_view('__cdc_held_keys' ~ round) -%}
+    {% do run_query('create or replace temporary view ' ~ relation ~ ' as ' ~ query) %}
+  {%- else -%}
+    {%- set relation = scratch ~ '_keys' ~ round -%}
+    {% do run_query('create table ' ~ relation ~ ' using iceberg as ' ~ query) %}
+  {%- endif -%}
+  {{ return(relation) }}
 {%- endmacro %}
 
 
