@@ -201,18 +201,6 @@
 {%- endmacro %}
 
 
-{#- One property of a silver table (None if unset). -#}
-{% macro silver_property(target, name) -%}
-  {{ return(cdclake.table_properties(target).get(name)) }}
-{%- endmacro %}
-
-
-{#- The bronze snapshot a silver table has applied up to, kept durably in the silver table's properties. -#}
-{% macro applied_snapshot(target) -%}
-  {{ return(cdclake.silver_property(target, 'cdclake.bronze_snapshot_id')) }}
-{%- endmacro %}
-
-
 {#-
   The bronze rows added after snapshot `start` up to `end`, as a temporary view: Iceberg's incremental append scan
   (the DataFrame reader's start-/end-snapshot-id options, through CREATE TEMPORARY VIEW ... USING iceberg), so a

@@ -84,11 +84,12 @@
 {#- The latest change per key over ALL of bronze (a full recomputation), as (keys, position, op, its `after`,
     `_cdc_partial`: whether its image may be partial: an update, or a primary-key change's create); with `snapshot`,
     over bronze as of that snapshot; with `bronze_where`, over the bronze rows the model's own `where` keeps; with
-    `held` (tested_held), without the changes silver holds back. -#}
-{% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none, held=none) -%}
+    `held` (tested_state), without the changes silver holds back. `bronze_types`: describe_columns of bronze, when
+    the caller has read them. -#}
+{% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none, held=none, bronze_types=none) -%}
   {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
   {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
-  {%- set types = cdclake.describe_columns(bronze) if execute else {} -%}
+  {%- set types = bronze_types if bronze_types is not none else (cdclake.describe_columns(bronze) if execute else {}) -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
   {%- set key_exprs = reading.exprs -%}
   {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') -%}
@@ -138,17 +139,14 @@
 {%- endmacro %}
 
 
-{#- The bronze snapshot silver has applied: the tests compare with bronze as of it, so an ingester that commits
-    while `dbt build` runs does not make them fail. -#}
-{% macro tested_snapshot(model) -%}
-  {{ return(cdclake.applied_snapshot(model) if execute else none) }}
-{%- endmacro %}
-
-
-{#- The transactions silver holds until they are complete (complete_transactions, transactions.sql), whose changes
-    (and the later changes of their keys) the tests leave out of the recomputation; none when nothing is held. -#}
-{% macro tested_held(model) -%}
-  {{ return(cdclake.held_transactions(cdclake.table_properties(model)) if execute else none) }}
+{#- What the recomputing tests read of silver, from one read of its properties: {'snapshot': the bronze snapshot
+    it has applied (they compare with bronze as of it, so an ingester that commits while `dbt build` runs does not
+    make them fail), 'held': the transactions it holds until they are complete (complete_transactions,
+    transactions.sql), whose changes (and the later changes of their keys) they leave out of the recomputation;
+    none when nothing is held, 'properties': all of them}. -#}
+{% macro tested_state(model) -%}
+  {%- set properties = cdclake.table_properties(model) if execute else {} -%}
+  {{ return({'snapshot': properties.get('cdclake.bronze_snapshot_id'), 'held': cdclake.held_transactions(properties), 'properties': properties}) }}
 {%- endmacro %}
 
 
@@ -159,9 +157,8 @@
     as JSON text: Spark cannot compare maps). `skip`: when the change does not carry the value (a condition on the
     recomputation's row), as that run read partial images: an update's (or a primary-key change's create's) nulls
     with ignore_null_updates, the placeholder of an unchanged TOAST or LOB column. -#}
-{% macro recompute_value_columns(model, bronze, shape) -%}
-  {%- set images = fromjson(cdclake.silver_property(model, 'cdclake.images') or 'null') -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
+{% macro recompute_value_columns(properties, bronze, shape, types) -%}
+  {%- set images = fromjson(properties.get('cdclake.images') or 'null') -%}
   {%- if images is none or not types.get('after', '').startswith('struct') %}{{ return([]) }}{% endif -%}
   {%- set fields = {} -%}
   {%- for field in cdclake.struct_field_names(bronze, 'after') %}{% do fields.update({field | lower: field}) %}{% endfor -%}
@@ -188,7 +185,9 @@
   {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
-  {%- set compared = cdclake.recompute_value_columns(model, bronze, shape) if execute else [] -%}
+  {%- set state = cdclake.tested_state(model) -%}
+  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set compared = cdclake.recompute_value_columns(state.properties, bronze, shape, types) if execute else [] -%}
   {%- set key_list -%}{% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{%- endset -%}
   with expected as (
     select {{ key_list }}_cdc_order, _cdc_op
@@ -196,7 +195,7 @@
       {%- set value = 'after.' ~ cdclake.quote(column.field) %}
       case when {{ column.skip }} then null else named_struct('v', {% if column.type %}cast({{ value }} as {{ column.type }}){% else %}{{ value }}{% endif %}) end as _cdc_value_{{ loop.index0 }}
       {%- endfor %}
-    from ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where, cdclake.tested_held(model)) }}) where _cdc_op <> 'd'
+    from ({{ cdclake.recomputed_latest(bronze, keys, state.snapshot, bronze_where, state.held, types) }}) where _cdc_op <> 'd'
   ),
   actual as (
     select {{ key_list }}{{ shape.order }} as _cdc_order, _cdc_op
@@ -238,9 +237,10 @@
   {%- if keys is string %}{% set keys = [keys] %}{% endif -%}
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
+  {%- set state = cdclake.tested_state(model) -%}
   select {% for key in keys %}s.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   from {{ model }} s
-  join ({{ cdclake.recomputed_latest(bronze, keys, cdclake.tested_snapshot(model), bronze_where, cdclake.tested_held(model)) }}) latest
+  join ({{ cdclake.recomputed_latest(bronze, keys, state.snapshot, bronze_where, state.held) }}) latest
     on {{ cdclake.key_match(keys, 's', 'latest') }}
   where latest._cdc_op = 'd' and {{ shape.live }}
 {% endtest %}
