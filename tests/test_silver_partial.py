@@ -738,7 +738,8 @@ def test_mongodb_updates_give_complete_versions(harness: SilverHarness, tmp_path
     }
     assert properties["cdclake.batch_schema"] == "cdclake_scratch.silver"
     failed = f"{prefix}_0123456789abcdef0123456789abcdef_history"
-    harness.spark.sql(f"create table cdclake_scratch.silver.{failed} using iceberg as select 1 as id")
+    for table in (failed, f"{failed}_events"):
+        harness.spark.sql(f"create table cdclake_scratch.silver.{table} using iceberg as select 1 as id")
     second = [MongoChange("u", 1, 103, removed=["tags"]), MongoChange("u", 1, 102, updated={"visits": 7})]
     harness.apply(topic, second, tmp_path, config)
     assert scratch_tables() == set()
