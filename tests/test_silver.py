@@ -453,8 +453,9 @@ def test_overlapping_first_builds_leave_no_delete_unapplied(harness: SilverHarne
         assert harness.silver(topic) == {2: "b"} == topic.expected()
 
 
-# A stand-in for another run of the model that commits while this one runs: overrides of batch_sql and scd2_rows_sql
-# (dispatched, like any cdclake macro a project overrides), which run after the run read silver's properties.
+# A stand-in for another run of the model that commits while this one runs: overrides of batch_sql and
+# scd2_events_sql (dispatched, like any cdclake macro a project overrides), which run after the run read silver's
+# properties.
 OVERTAKING_MACROS = """
 {% macro overtake(target) -%}
   {%- set by = var('overtaken_by', none) -%}
@@ -473,9 +474,9 @@ OVERTAKING_MACROS = """
                                        truncate, broadcast)) }}
 {%- endmacro %}
 
-{% macro spark__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
+{% macro spark__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
   {%- if target is not none %}{% do overtake(target) %}{% endif -%}
-  {{ return(cdclake.default__scd2_rows_sql(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
+  {{ return(cdclake.default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
 {%- endmacro %}
 """
 
