@@ -41,10 +41,14 @@
   builds can leave the tombstones of a longer bronze range than silver's, whose deletes silver still needs.
   Silver and tombstones are read only for the touched keys (left semi-joins, broadcast in an incremental run);
   the tombstones one row per key: two overlapping runs of the model that apply the same delete can both add its
-  tombstone, and a joined duplicate would duplicate the key's batch row (a second silver row, a failed MERGE);
-  their positions only for keys with changes at or below `applied_position` (none, usually: adaptive execution
-  then skips the scan); silver's other columns only for soft deletes, which keep the values of the key's latest
-  change before the delete: the unit's, or silver's row when the unit has none newer than it (a late change).
+  tombstone, and a joined duplicate would duplicate the key's batch row (a second silver row, a failed MERGE).
+  One read of the tombstones serves the guard and `_cdc_has_tombstone`: for a key whose changes are all above
+  `applied_position` the guard passes anyway, as no tombstone is newer than it but one whose delete the unit holds
+  (from a run killed before it recorded its position, or from an overlapping first build), and the key's winner
+  is at least that delete (a second read, for those keys only, took 0.1 s of a 1.3 s batch of 100k changes). Silver's positions are read only for
+  keys with changes at or below `applied_position` (none, usually: adaptive execution then skips the scan);
+  silver's other columns only for soft deletes, which keep the values of the key's latest change before the
+  delete: the unit's, or silver's row when the unit has none newer than it (a late change).
   A table, not a cached view: the statements after it change silver and the tombstones, which a view over them
   would follow, and its size is known when the DELETE broadcasts it. `broadcast`: the input is one incremental
   unit (not a re-read of all of bronze) of at most broadcast_max_changes bronze rows.
@@ -82,7 +86,7 @@
   using iceberg
   tblproperties ('format-version' = '2', 'write.parquet.compression-codec' = 'snappy', 'write.distribution-mode' = 'none',
     'write.metadata.delete-after-commit.enabled' = 'true', 'write.metadata.previous-versions-max' = '2')
-  as select {% if broadcast %}/*+ BROADCAST(t){% if delete_mode == 'hard' %}, BROADCAST(bx), BROADCAST(b){% endif %} */{% endif %}
+  as select {% if broadcast %}/*+ BROADCAST(t){% if delete_mode == 'hard' %}, BROADCAST(bx){% endif %} */{% endif %}
     {%- for key in keys %}
     s.{{ cdclake.quote(key) }},
     {%- endfor %}
@@ -116,12 +120,6 @@
     left semi join (select {{ input_keys }}) k on {{ cdclake.key_match(keys, 'b', 'k') }}
     group by {% for key in keys %}b.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
   ) bx on {{ cdclake.key_match(keys, 's', 'bx') }}
-  left join (
-    select {{ hint }} {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}max({{ cdclake.position('b') }}) as _cdc_position, true as _cdc_found
-    from {{ tombstones }} b
-    left semi join (select {{ input_keys }} and ({{ below }})) k on {{ cdclake.key_match(keys, 'b', 'k') }}
-    group by {% for key in keys %}b.{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}
-  ) b on {{ cdclake.key_match(keys, 's', 'b') }}
   {%- endif %}
   where (t._cdc_found is null or {{ cdclake.position('s') }} > {{ cdclake.position('t') }}{% if delete_mode == 'soft' %} or {{ late_values }}{% endif %})
   {#- A delete of a key deleted at its position already, at another offset (a replay), is that delete: nothing to do
@@ -131,7 +129,7 @@
   {%- if delete_mode == 'soft' %}
     and not ({{ replayed_delete }} and not coalesce({{ late_values }}, false))
   {%- else %}
-    and (b._cdc_found is null or {{ cdclake.position('s') }} > b._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = b._cdc_position))
+    and (bx._cdc_found is null or {{ cdclake.position('s') }} > bx._cdc_position or (s._cdc_op = 'd' and {{ cdclake.position('s') }} = bx._cdc_position))
     and not (s._cdc_op = 'd' and s._cdc_order <=> bx._cdc_position.o and s._cdc_offset <> bx._cdc_position.f)
   {%- endif %}
 {%- endmacro %}
