@@ -42,6 +42,11 @@ SOURCE_FIELDS = [
     {"type": "string", "optional": True, "field": "commit_lsn"},
     {"type": "string", "optional": True, "field": "change_lsn"},
 ]
+POSTGRESQL_SOURCE_FIELDS = [
+    *SOURCE_FIELDS[:2],
+    {"type": "int64", "optional": True, "field": "lsn"},
+    {"type": "string", "optional": True, "field": "sequence"},
+]
 
 # How silver breaks ties on equal positions (reference.md §7, docs/silver.md; written out here, not taken from the
 # code under test): a snapshot read is older than a change at the same position, a delete newer than an update, a
@@ -49,7 +54,7 @@ SOURCE_FIELDS = [
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
 
 
-def envelope_schema(name: str) -> dict[str, Any]:
+def envelope_schema(name: str, source_fields: list[dict[str, Any]] = SOURCE_FIELDS) -> dict[str, Any]:
     row = {"type": "struct", "optional": True, "name": f"{name}.Value", "fields": ROW_FIELDS}
     return {
         "type": "struct",
@@ -58,7 +63,7 @@ def envelope_schema(name: str) -> dict[str, Any]:
         "fields": [
             {**row, "field": "before"},
             {**row, "field": "after"},
-            {"type": "struct", "optional": False, "field": "source", "fields": SOURCE_FIELDS},
+            {"type": "struct", "optional": False, "field": "source", "fields": source_fields},
             {"type": "string", "optional": False, "field": "op"},
             {"type": "int64", "optional": True, "field": "ts_ms"},
         ],
@@ -95,18 +100,30 @@ class Change:
 
 @dataclass
 class Topic:
-    """A test topic: records get consecutive offsets; ``landed`` keeps (change, offset) for the reference."""
+    """A test topic: records get consecutive offsets; ``landed`` keeps (change, offset) for the reference.
+    ``connector``: Informix's source block (with transaction blocks, a change's place in its transaction ends its
+    position), or PostgreSQL's (``sequence``: a primary-key change's delete and create share one position)."""
 
     name: str
     next_offset: int = 0
     landed: list[tuple[Change, int]] = field(default_factory=list)
+    connector: Literal["informix", "postgresql"] = "informix"
+
+    def source(self, change: Change) -> dict[str, Any]:
+        """The change's source block (the reference's positions, ``Change.position``, fit both connectors)."""
+        ts_ms = 1_700_000_000_000 + change.lsn
+        if self.connector == "postgresql":
+            lsn = str(change.lsn)
+            return {"connector": "postgresql", "ts_ms": ts_ms, "lsn": change.lsn, "sequence": f'["{lsn}","{lsn}"]'}
+        return {"connector": "informix", "ts_ms": ts_ms, "commit_lsn": str(change.lsn), "change_lsn": str(change.lsn)}
 
     @property
     def table(self) -> str:
         return self.name.replace(".", "_")
 
     def records(self, changes: list[Change]) -> list[dict[str, Any]]:
-        schema = envelope_schema(self.name)
+        fields = POSTGRESQL_SOURCE_FIELDS if self.connector == "postgresql" else SOURCE_FIELDS
+        schema = envelope_schema(self.name, fields)
         lines = []
         for change in changes:
             image = (
@@ -118,12 +135,7 @@ class Topic:
             payload = {
                 "before": before,
                 "after": None if change.op in "dt" else image,
-                "source": {
-                    "connector": "informix",
-                    "ts_ms": 1_700_000_000_000 + change.lsn,
-                    "commit_lsn": str(change.lsn),
-                    "change_lsn": str(change.lsn),
-                },
+                "source": self.source(change),
                 "op": change.op,
                 "ts_ms": 1_700_000_000_000 + change.lsn,
             }
@@ -402,8 +414,8 @@ class SilverHarness:
         settings = settings.model_copy(update={"dbt": settings.dbt.model_copy(update={"project_dir": str(project)})})
         return cls(settings, project)
 
-    def topic(self, stem: str) -> Topic:
-        return Topic(f"ifx.t{next(self._ids)}.{stem}")
+    def topic(self, stem: str, connector: Literal["informix", "postgresql"] = "informix") -> Topic:
+        return Topic(f"ifx.t{next(self._ids)}.{stem}", connector=connector)
 
     def mongo_topic(self, stem: str, schemas: bool = True) -> MongoTopic:
         return MongoTopic(f"mongo.t{next(self._ids)}.{stem}", schemas)
@@ -538,16 +550,22 @@ class TransactedTopic:
         """The records of ``changes``, each in transaction ``blocks[i]`` = (id, its data_collection_order)."""
         lines = self.topic.records(changes)
         values = [line for line in lines if line["payload"] is not None]
-        for line, (tx_id, order) in zip(values, blocks, strict=True):
+        for line, change, (tx_id, order) in zip(values, changes, blocks, strict=True):
             value = orjson.loads(line["payload"])
             value["schema"]["fields"].append(self.style.block_schema())
-            value["payload"]["transaction"] = block(tx_id, order, order)
+            value["payload"]["transaction"] = block(self.transaction_id(tx_id, change.lsn), order, order)
             line["payload"] = orjson.dumps(value).decode()
         return lines
+
+    def transaction_id(self, tx_id: str, lsn: int) -> str:
+        """``tx_id`` as the topic's connector writes it: PostgreSQL's ends in a log position (`734:22088504`, after
+        which its END comes: its transaction numbers wrap around)."""
+        return f"{tx_id}:{lsn}" if self.topic.connector == "postgresql" else tx_id
 
     def end(self, tx_id: str, count: int = 1) -> dict[str, Any]:
         """Transaction ``tx_id``'s END record: ``count`` changes of the topic's table."""
         collection = ".".join(self.topic.name.split(".")[-2:])
+        tx_id = self.transaction_id(tx_id, 1_000_000)  # after every change's position
         line = {
             "topic": self.topic.name.rsplit(".", 1)[0] + ".transaction",
             "partition": 0,
