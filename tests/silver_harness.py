@@ -1,6 +1,7 @@
 """Real dbt on real Spark and Iceberg for silver tests: bronze via the ingest pipeline, silver via `dbt build`.
 
-Change events are Informix-shaped (ordering = commit_lsn, change_lsn) with schemas enabled. A plain-Python
+Change events are Informix-shaped (ordering = commit_lsn, change_lsn; a ``Topic`` can be PostgreSQL's) with
+schemas enabled. A plain-Python
 reference model says what silver must hold: per key the latest change over everything landed so far
 (``Topic.expected``), or every version of each key for ``history='scd2'`` (``Topic.expected_history``).
 MongoDB-shaped events (``MongoTopic``) test the folding of partial updates into documents.
@@ -52,6 +53,10 @@ POSTGRESQL_SOURCE_FIELDS = [
 # code under test): a snapshot read is older than a change at the same position, a delete newer than an update, a
 # truncate last.
 OP_RANK = {"r": 0, "c": 1, "u": 2, "d": 3, "t": 4}
+# The connectors whose source blocks a Topic writes (Topic.source).
+Connector = Literal["informix", "postgresql"]
+# PostgreSQL transaction ids end in a log position, an END's after its changes': theirs stay below this one.
+END_LSN = 1_000_000
 
 
 def envelope_schema(name: str, source_fields: list[dict[str, Any]] = SOURCE_FIELDS) -> dict[str, Any]:
@@ -107,7 +112,7 @@ class Topic:
     name: str
     next_offset: int = 0
     landed: list[tuple[Change, int]] = field(default_factory=list)
-    connector: Literal["informix", "postgresql"] = "informix"
+    connector: Connector = "informix"
 
     def source(self, change: Change) -> dict[str, Any]:
         """The change's source block (the reference's positions, ``Change.position``, fit both connectors)."""
@@ -414,7 +419,7 @@ class SilverHarness:
         settings = settings.model_copy(update={"dbt": settings.dbt.model_copy(update={"project_dir": str(project)})})
         return cls(settings, project)
 
-    def topic(self, stem: str, connector: Literal["informix", "postgresql"] = "informix") -> Topic:
+    def topic(self, stem: str, connector: Connector = "informix") -> Topic:
         return Topic(f"ifx.t{next(self._ids)}.{stem}", connector=connector)
 
     def mongo_topic(self, stem: str, schemas: bool = True) -> MongoTopic:
@@ -560,12 +565,15 @@ class TransactedTopic:
     def transaction_id(self, tx_id: str, lsn: int) -> str:
         """``tx_id`` as the topic's connector writes it: PostgreSQL's ends in a log position (`734:22088504`, after
         which its END comes: its transaction numbers wrap around)."""
-        return f"{tx_id}:{lsn}" if self.topic.connector == "postgresql" else tx_id
+        if self.topic.connector != "postgresql":
+            return tx_id
+        assert lsn <= END_LSN, f"position {lsn} after its END's ({END_LSN})"
+        return f"{tx_id}:{lsn}"
 
     def end(self, tx_id: str, count: int = 1) -> dict[str, Any]:
         """Transaction ``tx_id``'s END record: ``count`` changes of the topic's table."""
         collection = ".".join(self.topic.name.split(".")[-2:])
-        tx_id = self.transaction_id(tx_id, 1_000_000)  # after every change's position
+        tx_id = self.transaction_id(tx_id, END_LSN)
         line = {
             "topic": self.topic.name.rsplit(".", 1)[0] + ".transaction",
             "partition": 0,

@@ -567,7 +567,8 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     harness: SilverHarness, dumps: Path
 ) -> None:
     """cdclake.applied_position bounds what silver and the tombstones hold: changes above it need no lookup of
-    their positions, changes at or below it are still guarded, in the same unit and for the same key."""
+    silver's positions (the tombstones are read for every touched key, which also says whether it has one),
+    changes at or below it are still guarded, in the same unit and for the same key."""
     topic = harness.topic("applied_position")
     harness.apply(topic, [Change(C, 1, 10, "x"), Change(C, 2, 20, "y"), Change(D, 3, 30)], dumps)
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 import pytest
@@ -21,7 +21,7 @@ from ingest.fakes.records import KafkaRecord, kcat_line
 from ingest.lakehouse import load_catalog
 from ingest.scaffold import model_sql, model_yaml, scaffold
 from tests.conftest import FIXTURES
-from tests.silver_harness import Change, SilverHarness, Topic, TransactedTopic, without_schema
+from tests.silver_harness import Change, Connector, SilverHarness, Topic, TransactedTopic, without_schema
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbt]
 
@@ -499,7 +499,7 @@ def tombstone_keys(harness: SilverHarness, topic: Topic) -> list[int]:
 
 @pytest.mark.parametrize("connector", ["informix", "postgresql"])
 def test_a_primary_key_change_waits_behind_a_held_change_of_either_key(
-    harness: SilverHarness, dumps: Path, connector: Literal["informix", "postgresql"]
+    harness: SilverHarness, dumps: Path, connector: Connector
 ) -> None:
     """Debezium sends a primary-key change as a delete of the old key and a create of the new one, at one position
     and in one transaction. Held t1 updates key 1 and deletes key 8. Complete t2 moves key 1 to 2, t3 then updates

@@ -28,8 +28,8 @@
   2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
      (batch_schema; the next run to succeed drops it): per touched key the row silver must hold (for a hard
      delete, the key and its position). Silver and the tombstones are looked up only for the touched keys
-     (broadcast semi-joins), and their positions only for changes at or below `cdclake.applied_position` (the greatest
-     position ever applied): a change above it is newer than anything silver and the tombstones hold. Changes not
+     (broadcast semi-joins), silver's positions only for changes at or below `cdclake.applied_position` (the
+     greatest position ever applied): a change above it is newer than anything silver holds. Changes not
      newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are void. One
      query over the batch counts what is to do;
   3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
