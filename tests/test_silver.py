@@ -474,9 +474,9 @@ OVERTAKING_MACROS = """
                                        truncate, broadcast)) }}
 {%- endmacro %}
 
-{% macro spark__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
+{% macro spark__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast=false) -%}
   {%- if target is not none %}{% do overtake(target) %}{% endif -%}
-  {{ return(cdclake.default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
+  {{ return(cdclake.default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast)) }}
 {%- endmacro %}
 """
 
@@ -491,8 +491,8 @@ def test_a_run_overtaken_by_another_applies_nothing(
     fast-forward succeeded, and its older, shorter unit of work went over the other run's newer rows (a truncate
     the other applied undone for good, a newer update overwritten). Now its branch starts at the snapshot the
     properties describe, and it checks them again before the fast-forward: it fails, applying nothing, and the
-    next run converges. A history run (its versions decided from silver as it read it, then merged) checks them
-    before its MERGE. The other run's commit is simulated inside this run: a rewrite of silver's files moves
+    next run converges. A history run (its versions decided from silver as it read it, then staged on a branch)
+    checks them before its fast-forward too. The other run's commit is simulated inside this run: a rewrite of silver's files moves
     main; a bronze snapshot recorded in the properties is the other run's last step."""
     own = SilverHarness.create(harness.settings, tmp_path / "project")
     own.spark = harness.spark

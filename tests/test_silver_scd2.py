@@ -131,6 +131,47 @@ def test_a_value_set_back_at_one_position_is_the_current_version(harness: Silver
     assert harness.history(history) == history.expected_history()
 
 
+def test_a_run_changes_the_history_in_one_step_of_main(harness: SilverHarness, tmp_path: Path) -> None:
+    """A run's closed versions, dropped copies and new versions reach silver's main branch in one commit (staged on a
+    branch of the run, as in current state), and the branch goes; a unit of new keys only closes nothing."""
+    topic = harness.topic("scd2_one_step")
+    harness.apply(topic, [Change(C, 1, 10, "a"), Change(C, 2, 20, "b")], tmp_path, HARD)
+    before = harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")
+    # A late change (between versions), an update and a new key.
+    harness.apply(topic, [Change(U, 1, 15, "a1"), Change(U, 1, 30, "a2"), Change(C, 3, 40, "c")], tmp_path, HARD)
+    assert harness.history(topic) == topic.expected_history()
+    snapshots = harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id, parent_id, operation", "committed_at")
+    added = snapshots[len(before) :]
+    main = harness.rows(f"silver.{topic.table}.refs", "name, snapshot_id", "name")
+    assert [row["name"] for row in main] == ["main"]  # the run's branch is gone
+    # The DELETE and the INSERT, each a snapshot of the branch; main moved once, to the last of them.
+    assert [row["operation"] for row in added] == ["delete", "append"]
+    assert main[0]["snapshot_id"] == added[-1]["snapshot_id"]
+    assert added[0]["parent_id"] == before[-1]["snapshot_id"]
+    # New keys only: nothing closes, nothing is deleted; one snapshot.
+    harness.apply(topic, [Change(C, 4, 50, "d")], tmp_path, HARD)
+    operations = harness.rows(f"silver.{topic.table}.snapshots", "operation", "committed_at")
+    assert [row["operation"] for row in operations][len(snapshots) :] == ["append"]
+    assert harness.history(topic) == topic.expected_history()
+
+
+def test_versions_keep_a_column_the_model_no_longer_selects(harness: SilverHarness, tmp_path: Path) -> None:
+    """The model's `exclude_columns` drops `n` after silver was built with it: silver keeps the column, new versions
+    leave it null, and the versions a run closes keep their values (updated in place, not rewritten from what the
+    run reads: it does not read `n`)."""
+    topic = harness.topic("scd2_kept_column")
+    harness.apply(topic, [Change(C, 1, 10, "a", n=7), Change(C, 2, 20, "b", n=8)], tmp_path, HARD)
+    excluded = f"{HARD}, exclude_columns=['n']"
+    harness.apply(topic, [Change(U, 1, 30, "a2", n=9), Change(U, 2, 5, "b0", n=6)], tmp_path, excluded)
+    rows = harness.rows(f"silver.{topic.table}", "id, v, n, _cdc_valid_from[0] as valid_from, _cdc_is_current", "id, 4")
+    assert rows == [
+        {"id": 1, "v": "a", "n": 7, "valid_from": 10, "_cdc_is_current": False},  # closed by the update at 30
+        {"id": 1, "v": "a2", "n": None, "valid_from": 30, "_cdc_is_current": True},
+        {"id": 2, "v": "b0", "n": None, "valid_from": 5, "_cdc_is_current": False},  # a late change before 20
+        {"id": 2, "v": "b", "n": 8, "valid_from": 20, "_cdc_is_current": True},
+    ]
+
+
 @pytest.mark.parametrize("config", [HARD, SOFT], ids=["hard", "soft"])
 def test_late_changes_land_in_their_place(harness: SilverHarness, tmp_path: Path, config: str) -> None:
     topic = harness.topic("scd2_late")

@@ -11,8 +11,8 @@
   Each run recomputes the history of the keys the unit of work touches, from their stored rows plus the new
   changes: duplicates (an event with the same position, op and image as the key's event before it: replays)
   collapse to the copy already stored (else the first landed), late changes fall into place, and the stored rows
-  that change (a closed interval, a row to drop) are updated in one MERGE; inserts go in the same MERGE. Untouched
-  keys are not rewritten.
+  that change (a closed interval, a row to drop) are replaced, staged on a branch with the new versions
+  (scd2_stage). Untouched keys are not rewritten.
 -#}
 
 {#- Position of a history row (silver version or tombstone), comparable with net_effect's position(). -#}
@@ -64,16 +64,19 @@
 {#-
   The events of the keys this run touches: the unit's changes (_cdc_stored 0), a truncate's end of each touched
   key's version, and the stored rows of those keys (1: a silver row, 2: a tombstone; _cdc_was_*: a stored row's
-  interval). `target`: silver, none on a first build. `truncates`: as scd2_truncates returns it. Written to a table
+  interval). `target`: silver, none on a first build. `truncates`: as scd2_truncates returns it. `broadcast`: the
+  touched keys are broadcast to the semi-joins (an incremental unit, see the materialization): otherwise Spark
+  shuffled all of silver to find them. Written to a table
   of the run (scd2_prepare) before scd2_rows_sql reads it: as one query, Spark planned the unit's scans and silver's
   three times over, one statement taking 1.4-1.6 s on a few rows against 0.9-1.0 for the two.
 -#}
-{% macro scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
-  {{ return(adapter.dispatch('scd2_events_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, truncates)) }}
+{% macro scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast=false) -%}
+  {{ return(adapter.dispatch('scd2_events_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast)) }}
 {%- endmacro %}
 
-{% macro default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates) -%}
+{% macro default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast=false) -%}
   {%- set keys = layout.key_columns -%}
+  {%- set hint = '/*+ BROADCAST(k) */ ' if broadcast else '' -%}
   {%- set values = cdclake.scd2_value_columns(layout) -%}
   {%- set by_key -%}{% for key in keys %}{{ cdclake.quote(key) }}{% if not loop.last %}, {% endif %}{% endfor %}{%- endset -%}
 with changes as (
@@ -127,12 +130,12 @@ events as (
   from touched k cross join truncates t
   {%- if target is not none %}
   union all
-  select {% for key in keys %}s.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}s.{{ cdclake.quote(column) }}, {% endfor -%}
+  select {{ hint }}{% for key in keys %}s.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}s.{{ cdclake.quote(column) }}, {% endfor -%}
     s._cdc_valid_from, s._cdc_op, s._cdc_offset, s._cdc_valid_from_ts, 1, s._cdc_valid_to, s._cdc_valid_to_ts, s._cdc_is_current
   from {{ target }} s left semi join touched k on {{ cdclake.key_match(keys, 's', 'k') }}
   {%- if delete_mode == 'hard' %}
   union all
-  select {% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}null, {% endfor -%}
+  select {{ hint }}{% for key in keys %}b.{{ cdclake.quote(key) }}, {% endfor %}{% for column in values %}null, {% endfor -%}
     b._cdc_order, b._cdc_op, b._cdc_offset, b._cdc_source_ts, 2, null, null, null
   from {{ tombstones }} b left semi join touched k on {{ cdclake.key_match(keys, 'b', 'k') }}
   {%- endif %}
@@ -263,20 +266,61 @@ select * from dropped
 {%- endmacro %}
 
 
-{#- One MERGE: the touched keys' new rows go in, changed intervals are updated, dropped rows go. -#}
-{% macro scd2_merge_sql(target, layout, rows, delete_mode) -%}
+{#-
+  Stages a history run's changes to silver on branch `branch` of `target`, made from the snapshot the run's
+  properties describe (the caller fast-forwards main to it: one atomic step, as in the current-state path), and
+  returns the branch; none when silver does not change. The stored versions whose interval changes, and those that
+  go, are deleted, and the new and changed versions inserted. Not one MERGE: Spark 3.5 plans a MERGE with an insert
+  clause as a right outer join, which shuffles all of silver, and its updates read every column of every row
+  (15-18 s a run over 11M versions, where the DELETE, which reads the key and position columns, and the INSERT took
+  4 s; docs/benchmarks.md). When silver has a column the run does not write (one the model no longer selects),
+  the changed versions are updated in place instead, by a MERGE that only matches, so that they keep its values.
+-#}
+{% macro scd2_stage(target, layout, delete_mode, properties, branch, broadcast) -%}
+  {%- set rows = cdclake.scratch_table(layout, 'history') -%}
+  {%- set null_key = [] -%}
+  {%- for key in layout.key_columns %}{% do null_key.append(cdclake.quote(key) ~ ' is null') %}{% endfor -%}
+  {%- set counts = run_query("select count_if(_cdc_action in ('update', 'delete')), count_if(_cdc_action = 'insert'), count_if(" ~ null_key | join(' or ') ~ ") from " ~ rows ~ " where _cdc_target = 'silver'").rows[0] -%}
+  {%- if counts[0] == 0 and counts[1] == 0 %}{{ return(none) }}{% endif -%}
   {%- set columns = cdclake.scd2_silver_columns(layout, delete_mode) -%}
-  merge into {{ target }} t
-  using (select * from {{ rows }} where _cdc_target = 'silver' and _cdc_action is not null) s
-  on {{ cdclake.key_match(layout.key_columns, 't', 's') }} and t._cdc_valid_from = s._cdc_order and t._cdc_op = s._cdc_op
-    and t._cdc_offset = s._cdc_offset
-  when matched and s._cdc_action = 'delete' then delete
-  when matched and s._cdc_action = 'update' then update set
-    t._cdc_valid_to = s._cdc_valid_to, t._cdc_valid_to_ts = s._cdc_valid_to_ts, t._cdc_is_current = s._cdc_is_current,
-    t._cdc_applied_at = current_timestamp()
-  when not matched and s._cdc_action = 'insert' then insert
-    ({% for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor %})
-    values ({% for column in columns %}{{ cdclake.scd2_silver_value(column, 's') }}{% if not loop.last %}, {% endif %}{% endfor %})
+  {%- set written = columns | map('lower') | list -%}
+  {%- set kept = [] -%}
+  {%- for name in cdclake.describe_columns(target) if name | lower not in written %}{% do kept.append(name) %}{% endfor -%}
+  {%- set read_snapshot = properties.get('current-snapshot-id') -%}
+  {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
+  {%- set staged = target ~ '.branch_' ~ branch -%}
+  {%- set null_safe = counts[2] > 0 -%}
+  {%- set matched -%}
+    {{ cdclake.key_match(layout.key_columns, 't', 's', null_safe) }} and t._cdc_valid_from = s._cdc_order and t._cdc_op = s._cdc_op and t._cdc_offset = s._cdc_offset
+  {%- endset -%}
+  {%- set changed = "s._cdc_target = 'silver' and s._cdc_action in ('update', 'delete')" -%}
+  {%- set hint = '/*+ BROADCAST(s) */ ' if broadcast else '' -%}
+  {%- if counts[0] > 0 and kept -%}
+    {% do run_query('merge into ' ~ staged ~ ' t using (select ' ~ hint ~ '* from ' ~ rows ~ ' s where ' ~ changed ~ ') s on ' ~ matched
+      ~ " when matched and s._cdc_action = 'delete' then delete"
+      ~ " when matched then update set t._cdc_valid_to = s._cdc_valid_to, t._cdc_valid_to_ts = s._cdc_valid_to_ts, t._cdc_is_current = s._cdc_is_current, t._cdc_applied_at = current_timestamp()") %}
+  {%- elif counts[0] > 0 -%}
+    {% do run_query('delete from ' ~ staged ~ ' t where exists (select ' ~ hint ~ '1 from ' ~ rows ~ ' s where ' ~ changed ~ ' and ' ~ matched ~ ')') %}
+  {%- endif -%}
+  {%- set inserted = ('insert', 'update') if counts[0] > 0 and not kept else ('insert',) -%}
+  {%- if counts[1] > 0 or inserted | length > 1 -%}
+    {#- (A column the run does not write is null in new versions, as a MERGE's insert leaves it.) -#}
+    {% do run_query('insert into ' ~ staged ~ ' (' ~ cdclake.quoted_columns(columns + kept) ~ ') select '
+      ~ cdclake.scd2_silver_values(columns, 's') ~ (', null' * kept | length) ~ ' from ' ~ rows ~ " s where s._cdc_target = 'silver' and s._cdc_action in ('" ~ inserted | join("', '") ~ "')") %}
+  {%- endif -%}
+  {{ return(branch) }}
+{%- endmacro %}
+
+
+{#- `c1`, `c2`, ... of a list of column names. -#}
+{% macro quoted_columns(columns) -%}
+  {%- for column in columns %}{{ cdclake.quote(column) }}{% if not loop.last %}, {% endif %}{% endfor -%}
+{%- endmacro %}
+
+
+{#- The values of silver columns `columns` for history rows `alias`. -#}
+{% macro scd2_silver_values(columns, alias) -%}
+  {%- for column in columns %}{{ cdclake.scd2_silver_value(column, alias) }}{% if not loop.last %}, {% endif %}{% endfor -%}
 {%- endmacro %}
 
 
@@ -293,18 +337,19 @@ select * from dropped
 
 
 {#-
-  Runs one unit of work for a history='scd2' model and returns the SQL of its 'main' statement (the silver
-  CREATE or MERGE); tombstones (delete_mode='hard') are written before it on the first run, after it later, as
-  the current-state path does. Call scd2_finish() after 'main'. `truncates`: scd2_truncates(). `replace`: a
-  --full-refresh of existing tables, each replaced in one commit.
+  Decides one unit of work for a history='scd2' model into the run's history table and, on a first build, returns
+  the SQL of its 'main' statement (the silver CREATE; later runs stage their changes with scd2_stage);
+  tombstones (delete_mode='hard') are written before it on the first run, after it later, as the current-state
+  path does. Call scd2_finish() after 'main'. `truncates`: scd2_truncates(). `replace`: a --full-refresh of
+  existing tables, each replaced in one commit. `broadcast`: see scd2_events_sql.
 -#}
-{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replace=false) -%}
+{% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replace=false, broadcast=false) -%}
   {%- set rows = cdclake.scratch_table(layout, 'history') -%}
   {#- Materialized once: the MERGE changes what a lazy view over silver would return. A table of this run, as the
       folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which every
       statement reading it analyzed and printed again (seconds each, tens of seconds over folded images). -#}
   {%- set events = cdclake.scratch_table(layout, 'history_events') -%}
-  {% do run_query('create table ' ~ events ~ ' using iceberg as ' ~ cdclake.scd2_events_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, truncates)) %}
+  {% do run_query('create table ' ~ events ~ ' using iceberg as ' ~ cdclake.scd2_events_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, truncates, broadcast)) %}
   {% do run_query('create table ' ~ rows ~ ' using iceberg as ' ~ cdclake.scd2_rows_sql(events, layout, delete_mode)) %}
   {% do run_query('drop table if exists ' ~ events ~ ' purge') %}
   {%- if existing is none -%}
@@ -314,7 +359,7 @@ select * from dropped
     {%- endif -%}
     {{ return(cdclake.scd2_create_sql(target, layout, rows, delete_mode, replace)) }}
   {%- endif -%}
-  {{ return(cdclake.scd2_merge_sql(target, layout, rows, delete_mode)) }}
+  {{ return(none) }}
 {%- endmacro %}
 
 

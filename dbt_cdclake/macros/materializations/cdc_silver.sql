@@ -134,6 +134,16 @@
     {% do run_query('drop table if exists ' ~ target) %}
     {% do run_query('drop table if exists ' ~ tombstones) %}
   {%- endif -%}
+  {%- set broadcast = false -%}
+  {%- if not (end is none or (start is not none and start == end)) -%}
+    {#- An incremental unit's keys are broadcast to the joins with silver, unless the unit is large (a snapshot taken
+        again, a long backlog): broadcasting millions of keys would exhaust the driver's memory on every retry. -#}
+    {%- set unit_rows = none if snapshots.end_records is none or snapshots.start_records is none else (snapshots.end_records | int) - (snapshots.start_records | int) -%}
+    {%- set broadcast = start is not none and (unit_rows is none or unit_rows <= (config.get('broadcast_max_changes', 2000000) | int)) -%}
+    {%- if start is not none and not broadcast -%}
+      {{ log("cdclake: " ~ identifier ~ ": a unit of " ~ unit_rows ~ " bronze rows (over broadcast_max_changes): joined with silver without broadcasting its keys", info=true) }}
+    {%- endif -%}
+  {%- endif -%}
   {%- if end is none or (start is not none and start == end) -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
@@ -155,10 +165,19 @@
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {%- set truncates = cdclake.scd2_truncates(bronze, sql, input_sql, start, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
     {%- if truncates.unit %}{% do cdclake.refuse_truncate_across_topics(bronze, sql, input_sql, end, target) %}{% endif -%}
-    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing) -%}
-    {#- The versions were decided from silver as this run read it: a run that committed since would be merged over. -#}
-    {%- if existing is not none %}{% do cdclake.check_not_overtaken(target, properties) %}{% endif -%}
+    {#- A branch left by a killed run (between its first write and the fast-forward) holds nothing main needs. -#}
+    {%- if existing is not none %}{% do cdclake.drop_apply_branches(target) %}{% endif -%}
+    {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing, broadcast) -%}
+    {%- set branch = none -%}
+    {%- if existing is not none -%}
+      {#- Staged on a branch of this run, then main is fast-forwarded to it, as in the current-state path below. -#}
+      {%- set branch = cdclake.scd2_stage(target, layout, delete_mode, properties, 'cdclake_apply_' ~ run.id, broadcast) -%}
+      {%- set main_sql = "call system.fast_forward(table => '" ~ target.schema ~ "." ~ target.identifier ~ "', branch => 'main', to => '" ~ branch ~ "')" if branch is not none else 'select 1' -%}
+      {#- The versions were decided from silver as this run read it: a run that committed since would be overwritten. -#}
+      {% do cdclake.check_not_overtaken(target, properties, branch) %}
+    {%- endif -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
+    {%- if branch is not none %}{% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}{% endif -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
@@ -177,14 +196,6 @@
     {#- The new changes are not cached: two statements read them (the truncate's position, unless bronze's counts
         rule a truncate out, and the batch), each only the columns it needs, which costs less than caching every
         bronze column (docs/silver.md). -#}
-    {%- set incremental = start is not none -%}
-    {#- An incremental unit's keys are broadcast to the joins with silver, unless the unit is large (a snapshot taken
-        again, a long backlog): broadcasting millions of keys would exhaust the driver's memory on every retry. -#}
-    {%- set unit_rows = none if snapshots.end_records is none or snapshots.start_records is none else (snapshots.end_records | int) - (snapshots.start_records | int) -%}
-    {%- set broadcast = incremental and (unit_rows is none or unit_rows <= (config.get('broadcast_max_changes', 2000000) | int)) -%}
-    {%- if incremental and not broadcast -%}
-      {{ log("cdclake: " ~ identifier ~ ": a unit of " ~ unit_rows ~ " bronze rows (over broadcast_max_changes): joined with silver without broadcasting its keys", info=true) }}
-    {%- endif -%}
     {%- set layout = cdclake.silver_layout(bronze, sql | replace(bronze | string, changes)) -%}
     {#- Before anything is written: silver gets the columns bronze's images gained (schema changes). -#}
     {%- do layout.update({'run_tables': run.batch}) -%}
