@@ -476,7 +476,8 @@ OVERTAKING_MACROS = """
 
 {% macro spark__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast=false) -%}
   {%- if target is not none %}{% do overtake(target) %}{% endif -%}
-  {{ return(cdclake.default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast)) }}
+  {{ return(cdclake.default__scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates,
+                                             broadcast)) }}
 {%- endmacro %}
 """
 
@@ -492,8 +493,8 @@ def test_a_run_overtaken_by_another_applies_nothing(
     the other applied undone for good, a newer update overwritten). Now its branch starts at the snapshot the
     properties describe, and it checks them again before the fast-forward: it fails, applying nothing, and the
     next run converges. A history run (its versions decided from silver as it read it, then staged on a branch)
-    checks them before its fast-forward too. The other run's commit is simulated inside this run: a rewrite of silver's files moves
-    main; a bronze snapshot recorded in the properties is the other run's last step."""
+    checks them before its fast-forward too. The other run's commit is simulated inside this run: a rewrite of
+    silver's files moves main; a bronze snapshot recorded in the properties is the other run's last step."""
     own = SilverHarness.create(harness.settings, tmp_path / "project")
     own.spark = harness.spark
     (own.project / "macros" / "overtaking.sql").write_text(OVERTAKING_MACROS)
