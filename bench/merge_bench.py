@@ -22,6 +22,8 @@ gives the statements that write silver alone. Run with ``python -m bench.merge_b
 sizes) or ``python -m bench --only merge``. Full runs replace the "Merge (silver)" section of docs/benchmarks.md.
 ``--setup-cache DIR`` keeps the generated bronze histories and initialised tables on disk (keyed by the sizes,
 this file and the dbt package), so a rerun skips generating them (the 100M-row history takes ~15 minutes).
+``--scd2`` also measures a ``history='scd2'`` model of each table: its incremental run on each unit against its
+``--full-refresh`` after the last one (printed, not written to the docs' table).
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ def _silver_columns(alias: str = "") -> str:
     )
 
 
-def model_sql(bronze: Bronze) -> dict[str, str]:
+def model_sql(bronze: Bronze, scd2: bool = False) -> dict[str, str]:
     source = f"{{{{ source('bronze', '{bronze.table}') }}}}"
 
     def ranked(order: str) -> str:
@@ -283,17 +285,21 @@ def model_sql(bronze: Bronze) -> dict[str, str]:
         f"select {_silver_columns()} from ranked where rn = 1\n"
     )
     cdc = f"{{{{ config(materialized='cdc_silver') }}}}\nselect * from {source}\n"
-    return {bronze.table: cdc, f"{bronze.table}_full": full, f"{bronze.table}_stock": stock}
+    models = {bronze.table: cdc, f"{bronze.table}_full": full, f"{bronze.table}_stock": stock}
+    if scd2:
+        history = "{{ config(materialized='cdc_silver', history='scd2') }}"
+        models[f"{bronze.table}_scd2"] = f"{history}\nselect * from {source}\n"
+    return models
 
 
-def write_project(root: Path, bronzes: list[Bronze]) -> Path:
+def write_project(root: Path, bronzes: list[Bronze], scd2: bool = False) -> Path:
     project = root / "dbt_project"
     models = project / "models" / "silver"
     models.mkdir(parents=True, exist_ok=True)
     shutil.copy(PROJECT_ROOT / "dbt_project" / "dbt_project.yml", project / "dbt_project.yml")
     (project / "packages.yml").write_text(f"packages:\n  - local: {PROJECT_ROOT / 'dbt_cdclake'}\n")
     for bronze in bronzes:
-        for name, sql in model_sql(bronze).items():
+        for name, sql in model_sql(bronze, scd2).items():
             (models / f"{name}.sql").write_text(sql)
     (models / "_sources.yml").write_text(
         "version: 2\nsources:\n  - name: bronze\n    schema: bronze\n    tables:\n"
@@ -393,13 +399,14 @@ class Bench:
         self.timer = timer
         self.loads: list[float] = []
         self.verbose = False
+        self.scd2 = False
 
-    def dbt(self, model: str) -> Run:
+    def dbt(self, model: str, *extra: str) -> Run:
         self.timer.take()
         load = os.getloadavg()[0]
         self.loads.append(load)
         start = time.perf_counter()
-        ok = run_dbt(self.settings, ["run", "--quiet", "--select", model])
+        ok = run_dbt(self.settings, ["run", "--quiet", "--select", model, *extra])
         wall = time.perf_counter() - start
         if not ok:
             raise RuntimeError(f"dbt run --select {model} failed (see {self.project / 'logs' / 'dbt.log'})")
@@ -437,6 +444,8 @@ class Measurement:
     stock_runs: list[Run]
     full: Run
     idle: Run  # cdc_silver once more with nothing new in bronze: what any incremental run costs at least
+    scd2_runs: list[Run] = field(default_factory=list)  # --scd2: the history model on each unit
+    scd2_full: Run | None = None  # --scd2: its --full-refresh after the last unit
 
     @property
     def cdc(self) -> Run:
@@ -518,8 +527,13 @@ def prepare(bench: Bench, bronze: Bronze) -> Setup:
 def warm_up(bench: Bench, bronze: Bronze) -> None:
     """One small unit through both incremental models (first incremental run, JIT), and the full recomputation once
     (its first run on this table), right before measuring: each model's measured runs are warm alike."""
+    models = [f"{bronze.table}_stock", bronze.table, f"{bronze.table}_full"]
+    if bench.scd2:
+        init = bench.dbt(f"{bronze.table}_scd2")
+        say(f"{bronze.table}_scd2: history='scd2' first run (init) {init.wall_s:.1f} s")
+        models.append(f"{bronze.table}_scd2")
     append_unit(bench.spark, bronze, WARMUP_UNIT)
-    for model in (f"{bronze.table}_stock", bronze.table, f"{bronze.table}_full"):
+    for model in models:
         warm = bench.dbt(model)
         say(f"{model}: warm-up {warm.wall_s:.1f} s (not reported; a unit of {WARMUP_UNIT:,} changes)")
 
@@ -588,7 +602,7 @@ def _share(fraction: float) -> str:
 
 def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement:
     """``repeat`` units of U changes, each applied by the stock merge and cdc_silver; then one full recomputation."""
-    cdc_runs, stock_runs, append_s = [], [], []
+    cdc_runs, stock_runs, scd2_runs, append_s = [], [], [], []
     for index in range(repeat):
         start = time.perf_counter()
         append_unit(bench.spark, bronze, unit)
@@ -600,9 +614,14 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
         else:
             cdc_runs.append(bench.dbt(bronze.table))
             stock_runs.append(bench.dbt(f"{bronze.table}_stock"))
+        if bench.scd2:
+            scd2_runs.append(bench.dbt(f"{bronze.table}_scd2"))
     idle = bench.dbt(bronze.table)
     full = bench.dbt(f"{bronze.table}_full")
     row = Measurement(bronze.keys, bronze.history_factor, bronze.next_offset, unit, cdc_runs, stock_runs, full, idle)
+    if bench.scd2:
+        row.scd2_runs = scd2_runs
+        row.scd2_full = bench.dbt(f"{bronze.table}_scd2", "--full-refresh")
     cdc = row.cdc
     say(
         f"{bronze.table} U={unit:,}: cdc_silver {cdc.wall_s:.1f} s (silver write {cdc.write_s:.1f} s, "
@@ -618,6 +637,14 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
     )
     for statement in cdc.statements if bench.verbose else cdc.top(4):
         print(f"      {statement.seconds:7.2f} s  {statement.label}", flush=True)
+    if row.scd2_full is not None:
+        history = _median(row.scd2_runs)
+        say(
+            f"{bronze.table}_scd2 U={unit:,}: history='scd2' {history.wall_s:.1f} s (runs {_spread(row.scd2_runs)}), "
+            f"--full-refresh {row.scd2_full.wall_s:.1f} s ({row.scd2_full.wall_s / history.wall_s:.1f}x)"
+        )
+        for statement in history.statements if bench.verbose else history.top(4):
+            print(f"      {statement.seconds:7.2f} s  {statement.label}", flush=True)
     return row
 
 
@@ -642,6 +669,15 @@ def verify(bench: Bench, setup: Setup) -> None:
     expected = setup.bronze.live_keys
     setup.verified = "ok" if differing == 0 and setup.silver_rows == expected else f"{differing} rows differ"
     setup.stock_extra_rows = int(bench.scalar(f"select count(*) from silver.{table}_stock")) - setup.silver_rows
+    if bench.scd2:
+        # The history's current versions are silver (its --full-refresh ran last, after the last unit).
+        current = f"(select {columns} from silver.{table}_scd2 where _cdc_is_current and _cdc_op <> 'd')"
+        differing = bench.scalar(
+            f"select count(*) from ((select {columns} from {a} except all select * from {current}) "
+            f"union all (select * from {current} except all select {columns} from {a}))"
+        )
+        if differing:
+            setup.verified += f"; the history's current versions differ from silver in {differing} rows"
     say(
         f"{table}: silver {setup.silver_rows:,} rows (expected {expected:,}), equals full recomputation: "
         f"{setup.verified}; stock merge keeps {setup.stock_extra_rows:,} deleted keys as rows"
@@ -659,7 +695,7 @@ def run(bench: Bench, results: Results, restored: list[Setup] | None, cache: Pat
         size: [Bronze(f"orders_{human(size).lower()}_h{factor}", size, factor) for factor in factors]
         for size in results.sizes
     }
-    write_project(bench.project.parent, [bronze for bronzes in sizes.values() for bronze in bronzes])
+    write_project(bench.project.parent, [bronze for bronzes in sizes.values() for bronze in bronzes], bench.scd2)
     if restored is not None:
         by_table = {setup.bronze.table: setup for setup in restored}
         prepared = {size: [by_table[bronze.table] for bronze in bronzes] for size, bronzes in sizes.items()}
@@ -926,6 +962,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "changed (default: build them every run)",
     )
     parser.add_argument("--statements", action="store_true", help="print every statement of each cdc_silver run")
+    parser.add_argument(
+        "--scd2", action="store_true", help="also measure a history='scd2' model against its --full-refresh"
+    )
     write = parser.add_mutually_exclusive_group()
     write.add_argument("--write", dest="write", action="store_true", default=None, help="update the docs")
     write.add_argument("--no-write", dest="write", action="store_false", help="leave the docs untouched")
@@ -977,6 +1016,7 @@ def main(argv: Sequence[str] | None = None, events: int | None = None, quick: bo
             timer.install()
             bench = Bench(settings, spark, root / "dbt_project", timer)
             bench.verbose = args.statements
+            bench.scd2 = args.scd2
             say(f"merge benchmark: silver {sizes}, units {units}, lakehouse {root}")
             try:
                 run(bench, results, restored, cache)

@@ -302,11 +302,13 @@ select * from dropped
   {%- elif counts[0] > 0 -%}
     {% do run_query('delete from ' ~ staged ~ ' t where exists (select ' ~ hint ~ '1 from ' ~ rows ~ ' s where ' ~ changed ~ ' and ' ~ matched ~ ')') %}
   {%- endif -%}
-  {%- set inserted = ('insert', 'update') if counts[0] > 0 and not kept else ('insert',) -%}
-  {%- if counts[1] > 0 or inserted | length > 1 -%}
+  {#- The DELETE took the changed versions out: they go in again with the new ones. -#}
+  {%- set reinserted = counts[0] > 0 and not kept -%}
+  {%- if counts[1] > 0 or reinserted -%}
     {#- (A column the run does not write is null in new versions, as a MERGE's insert leaves it.) -#}
     {% do run_query('insert into ' ~ staged ~ ' (' ~ cdclake.quoted_columns(columns + kept) ~ ') select '
-      ~ cdclake.scd2_silver_values(columns, 's') ~ (', null' * kept | length) ~ ' from ' ~ rows ~ " s where s._cdc_target = 'silver' and s._cdc_action in ('" ~ inserted | join("', '") ~ "')") %}
+      ~ cdclake.scd2_silver_values(columns, 's') ~ (', null' * kept | length) ~ ' from ' ~ rows
+      ~ " s where s._cdc_target = 'silver' and s._cdc_action in ('insert'" ~ (", 'update'" if reinserted else '') ~ ")") %}
   {%- endif -%}
   {{ return(branch) }}
 {%- endmacro %}
@@ -345,9 +347,9 @@ select * from dropped
 -#}
 {% macro scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replace=false, broadcast=false) -%}
   {%- set rows = cdclake.scratch_table(layout, 'history') -%}
-  {#- Materialized once: the MERGE changes what a lazy view over silver would return. A table of this run, as the
-      folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which every
-      statement reading it analyzed and printed again (seconds each, tens of seconds over folded images). -#}
+  {#- Materialized once: the writes that follow change what a lazy view over silver would return. A table of this
+      run, as the folded images are (partial_images.sql): a cached relation keeps the plan it was made from, which
+      every statement reading it analyzed and printed again (seconds each, tens of seconds over folded images). -#}
   {%- set events = cdclake.scratch_table(layout, 'history_events') -%}
   {% do run_query('create table ' ~ events ~ ' using iceberg as ' ~ cdclake.scd2_events_sql(input_sql, layout, target if existing is not none else none, tombstones, delete_mode, truncates, broadcast)) %}
   {% do run_query('create table ' ~ rows ~ ' using iceberg as ' ~ cdclake.scd2_rows_sql(events, layout, delete_mode)) %}
