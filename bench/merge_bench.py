@@ -105,6 +105,7 @@ BRONZE_SCHEMA = pa.schema(
         pa.field("ts_ms", pa.int64()),
     ]
 )
+SCD2_COLUMNS = ["_cdc_valid_from", "_cdc_valid_from_ts", "_cdc_valid_to", "_cdc_valid_to_ts", "_cdc_is_current"]
 OP_RANK_SQL = "case op when 'r' then 0 when 'c' then 1 when 'u' then 2 when 'd' then 3 else 4 end"
 SILVER_PROPERTIES = {
     "format-version": "2",
@@ -446,6 +447,7 @@ class Measurement:
     idle: Run  # cdc_silver once more with nothing new in bronze: what any incremental run costs at least
     scd2_runs: list[Run] = field(default_factory=list)  # --scd2: the history model on each unit
     scd2_full: Run | None = None  # --scd2: its --full-refresh after the last unit
+    scd2_differing: int = 0  # --scd2: versions of the incremental history that the --full-refresh does not give
 
     @property
     def cdc(self) -> Run:
@@ -621,7 +623,18 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
     row = Measurement(bronze.keys, bronze.history_factor, bronze.next_offset, unit, cdc_runs, stock_runs, full, idle)
     if bench.scd2:
         row.scd2_runs = scd2_runs
+        scd2_table = f"silver.{bronze.table}_scd2"
+        applied = bench.scalar(f"select snapshot_id from {scd2_table}.history order by made_current_at desc limit 1")
         row.scd2_full = bench.dbt(f"{bronze.table}_scd2", "--full-refresh")
+        # Every version the incremental runs left must be what the rebuild gives.
+        columns = ", ".join(["id", *IMAGE_COLUMNS, "_cdc_op", "_cdc_offset", *SCD2_COLUMNS])
+        incremental = f"(select {columns} from {scd2_table} version as of {applied})"
+        row.scd2_differing = int(
+            bench.scalar(
+                f"select count(*) from ((select * from {incremental} except all select {columns} from {scd2_table}) "
+                f"union all (select {columns} from {scd2_table} except all select * from {incremental}))"
+            )
+        )
     cdc = row.cdc
     say(
         f"{bronze.table} U={unit:,}: cdc_silver {cdc.wall_s:.1f} s (silver write {cdc.write_s:.1f} s, "
@@ -641,7 +654,8 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
         history = _median(row.scd2_runs)
         say(
             f"{bronze.table}_scd2 U={unit:,}: history='scd2' {history.wall_s:.1f} s (runs {_spread(row.scd2_runs)}), "
-            f"--full-refresh {row.scd2_full.wall_s:.1f} s ({row.scd2_full.wall_s / history.wall_s:.1f}x)"
+            f"--full-refresh {row.scd2_full.wall_s:.1f} s ({row.scd2_full.wall_s / history.wall_s:.1f}x); versions "
+            + ("equal the rebuild's" if not row.scd2_differing else f"differ from the rebuild's: {row.scd2_differing}")
         )
         for statement in history.statements if bench.verbose else history.top(4):
             print(f"      {statement.seconds:7.2f} s  {statement.label}", flush=True)
@@ -677,7 +691,7 @@ def verify(bench: Bench, setup: Setup) -> None:
             f"union all (select * from {current} except all select {columns} from {a}))"
         )
         if differing:
-            setup.verified += f"; the history's current versions differ from silver in {differing} rows"
+            setup.verified = f"the history's current versions differ from silver in {differing} rows"
     say(
         f"{table}: silver {setup.silver_rows:,} rows (expected {expected:,}), equals full recomputation: "
         f"{setup.verified}; stock merge keeps {setup.stock_extra_rows:,} deleted keys as rows"

@@ -132,26 +132,28 @@ def test_a_value_set_back_at_one_position_is_the_current_version(harness: Silver
 
 
 def test_a_run_changes_the_history_in_one_step_of_main(harness: SilverHarness, tmp_path: Path) -> None:
-    """A run's closed versions, dropped copies and new versions reach silver's main branch in one commit (staged on a
-    branch of the run, as in current state), and the branch goes; a unit of new keys only closes nothing."""
+    """A run's closed versions and new versions reach silver's main branch in one step (staged on a branch of the
+    run, as in current state: readers never see versions closed without the ones that close them), and the branch
+    goes; a unit of new keys only closes nothing."""
     topic = harness.topic("scd2_one_step")
-    harness.apply(topic, [Change(C, 1, 10, "a"), Change(C, 2, 20, "b")], tmp_path, HARD)
-    before = harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")
-    # A late change (between versions), an update and a new key.
-    harness.apply(topic, [Change(U, 1, 15, "a1"), Change(U, 1, 30, "a2"), Change(C, 3, 40, "c")], tmp_path, HARD)
+    harness.apply(topic, [Change(C, 1, 10, "a"), Change(U, 1, 30, "a3"), Change(C, 2, 20, "b")], tmp_path, HARD)
+    table = f"silver.{topic.table}"
+    before = harness.rows(f"{table}.snapshots", "snapshot_id", "committed_at")
+    steps = harness.rows(f"{table}.history", "snapshot_id", "made_current_at")
+    # A late change (between key 1's versions at 10 and 30), an update of key 2, a new key.
+    harness.apply(topic, [Change(U, 1, 20, "a2"), Change(U, 2, 40, "b2"), Change(C, 3, 50, "c")], tmp_path, HARD)
     assert harness.history(topic) == topic.expected_history()
-    snapshots = harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id, parent_id, operation", "committed_at")
-    added = snapshots[len(before) :]
-    main = harness.rows(f"silver.{topic.table}.refs", "name, snapshot_id", "name")
-    assert [row["name"] for row in main] == ["main"]  # the run's branch is gone
-    # The DELETE and the INSERT, each a snapshot of the branch; main moved once, to the last of them.
+    added = harness.rows(f"{table}.snapshots", "snapshot_id, parent_id, operation", "committed_at")[len(before) :]
+    # The DELETE of the closed versions and the INSERT, each a snapshot of the branch; main moved once, to the last.
     assert [row["operation"] for row in added] == ["delete", "append"]
-    assert main[0]["snapshot_id"] == added[-1]["snapshot_id"]
     assert added[0]["parent_id"] == before[-1]["snapshot_id"]
-    # New keys only: nothing closes, nothing is deleted; one snapshot.
-    harness.apply(topic, [Change(C, 4, 50, "d")], tmp_path, HARD)
-    operations = harness.rows(f"silver.{topic.table}.snapshots", "operation", "committed_at")
-    assert [row["operation"] for row in operations][len(snapshots) :] == ["append"]
+    made_current = harness.rows(f"{table}.history", "snapshot_id", "made_current_at")[len(steps) :]
+    assert made_current == [{"snapshot_id": added[-1]["snapshot_id"]}]
+    assert [row["name"] for row in harness.rows(f"{table}.refs", "name")] == ["main"]  # the run's branch is gone
+    # New keys only: nothing is closed or deleted: one append.
+    harness.apply(topic, [Change(C, 4, 60, "d")], tmp_path, HARD)
+    operations = [row["operation"] for row in harness.rows(f"{table}.snapshots", "operation", "committed_at")]
+    assert operations[len(before) + len(added) :] == ["append"]
     assert harness.history(topic) == topic.expected_history()
 
 

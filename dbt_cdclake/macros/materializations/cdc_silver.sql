@@ -167,6 +167,8 @@
     {%- if truncates.unit %}{% do cdclake.refuse_truncate_across_topics(bronze, sql, input_sql, end, target) %}{% endif -%}
     {#- A branch left by a killed run (between its first write and the fast-forward) holds nothing main needs. -#}
     {%- if existing is not none %}{% do cdclake.drop_apply_branches(target) %}{% endif -%}
+    {#- A truncate in the unit touches every key with a version open at it: not broadcast. -#}
+    {%- set broadcast = broadcast and not truncates.unit -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing, broadcast) -%}
     {%- set branch = none -%}
     {%- if existing is not none -%}
@@ -182,6 +184,8 @@
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
     {%- if truncates.stored and truncates.stored != properties.get('cdclake.truncated_before') %}{% set recorded = recorded ~ ", 'cdclake.truncated_before' = '" ~ truncates.stored ~ "'" %}{% endif -%}
+    {#- A table made before silver_table_properties had it (a property the user set stays). -#}
+    {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% set recorded = recorded ~ ", 'write.delete.distribution-mode' = 'none'" %}{% endif -%}
     {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, (['cdclake.truncated_before'] if truncates.stored else []) + (['cdclake.held_transactions'] if completed.held else [])) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
