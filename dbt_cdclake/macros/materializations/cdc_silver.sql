@@ -134,8 +134,9 @@
     {% do run_query('drop table if exists ' ~ target) %}
     {% do run_query('drop table if exists ' ~ tombstones) %}
   {%- endif -%}
+  {%- set up_to_date = end is none or (start is not none and start == end) -%}
   {%- set broadcast = false -%}
-  {%- if not (end is none or (start is not none and start == end)) -%}
+  {%- if not up_to_date -%}
     {#- An incremental unit's keys are broadcast to the joins with silver, unless the unit is large (a snapshot taken
         again, a long backlog): broadcasting millions of keys would exhaust the driver's memory on every retry. -#}
     {%- set unit_rows = none if snapshots.end_records is none or snapshots.start_records is none else (snapshots.end_records | int) - (snapshots.start_records | int) -%}
@@ -144,7 +145,7 @@
       {{ log("cdclake: " ~ identifier ~ ": a unit of " ~ unit_rows ~ " bronze rows (over broadcast_max_changes): joined with silver without broadcasting its keys", info=true) }}
     {%- endif -%}
   {%- endif -%}
-  {%- if end is none or (start is not none and start == end) -%}
+  {%- if up_to_date -%}
     {{ log("cdclake: " ~ identifier ~ " is up to date with " ~ bronze, info=true) }}
     {%- call statement('main') -%} select 1 {%- endcall -%}
     {#- The horizon passes whether or not the table changes: a quiet table purges too. -#}
