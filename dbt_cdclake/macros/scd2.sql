@@ -65,10 +65,11 @@
   The events of the keys this run touches: the unit's changes (_cdc_stored 0), a truncate's end of each touched
   key's version, and the stored rows of those keys (1: a silver row, 2: a tombstone; _cdc_was_*: a stored row's
   interval). `target`: silver, none on a first build. `truncates`: as scd2_truncates returns it. `broadcast`: the
-  touched keys are broadcast to the semi-joins (an incremental unit without a truncate, see the materialization):
-  otherwise Spark shuffled all of silver to find them. Written to a table of the run (scd2_prepare) before
-  scd2_rows_sql reads it: as one query, Spark planned the unit's scans and silver's
-  three times over, one statement taking 1.4-1.6 s on a few rows against 0.9-1.0 for the two.
+  touched keys are broadcast to the semi-joins (an incremental unit without a truncate, see the materialization),
+  as the current-state batch's are, whatever Spark estimates their size to be (at 10M versions the statement took
+  6.5-6.9 s with the hint and without it). Written to a table of the run (scd2_prepare) before scd2_rows_sql reads
+  it: as one query, Spark planned the unit's scans and silver's three times over, one statement taking 1.4-1.6 s
+  on a few rows against 0.9-1.0 for the two.
 -#}
 {% macro scd2_events_sql(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast=false) -%}
   {{ return(adapter.dispatch('scd2_events_sql', 'cdclake')(input_sql, layout, target, tombstones, delete_mode, truncates, broadcast)) }}
