@@ -428,6 +428,25 @@ class SilverHarness:
     def land(self, topic: Topic | MongoTopic, changes: list[Any], dump_dir: Path) -> None:
         self.land_lines(f"{topic.table}-{topic.next_offset}", topic.records(changes), dump_dir)
 
+    def land_part_keyed(self, topic: Topic, changes: list[tuple[Change, str | None]], dump_dir: Path) -> None:
+        """Changes whose Debezium key is (id, part), part a nullable string: a table without a primary key, keyed
+        by its columns. Each change comes with its key's part."""
+        key_schema = {
+            "type": "struct",
+            "optional": False,
+            "name": f"{topic.name}.Key",
+            "fields": [
+                {"type": "int32", "optional": False, "field": "id"},
+                {"type": "string", "optional": True, "field": "part"},
+            ],
+        }
+        lines = []
+        for change, part in changes:
+            for line in topic.records([change]):
+                line["key"] = orjson.dumps({"schema": key_schema, "payload": {"id": change.id, "part": part}}).decode()
+                lines.append(line)
+        self.land_lines(f"{topic.table}-{topic.next_offset}", lines, dump_dir)
+
     def land_lines(
         self, name: str, lines: list[dict[str, Any]], dump_dir: Path, ingest: IngestSettings | None = None
     ) -> None:

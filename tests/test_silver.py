@@ -522,26 +522,10 @@ def test_a_null_key_part_is_one_key(harness: SilverHarness, dumps: Path) -> None
     """A key part may be null (keys of a table without a primary key): rows with a null part are one key, matched
     null-safely. A run whose batch holds no null key matches silver's keys with `=` (faster), which must leave the
     null-keyed row alone; a run whose batch holds one must still replace and delete it."""
-    import orjson
-
     topic = harness.topic("null_key_part")
-    key_schema = {
-        "type": "struct",
-        "optional": False,
-        "name": f"{topic.name}.Key",
-        "fields": [
-            {"type": "int32", "optional": False, "field": "id"},
-            {"type": "string", "optional": True, "field": "part"},
-        ],
-    }
 
     def land(changes: list[tuple[Change, str | None]]) -> None:
-        lines = []
-        for change, part in changes:
-            for line in topic.records([change]):
-                line["key"] = orjson.dumps({"schema": key_schema, "payload": {"id": change.id, "part": part}}).decode()
-                lines.append(line)
-        harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, dumps)
+        harness.land_part_keyed(topic, changes, dumps)
 
     def silver() -> list[tuple[int, str | None, str | None]]:
         return [(r["id"], r["part"], r["v"]) for r in harness.rows(f"silver.{topic.table}", "id, part, v", "1, 2")]

@@ -421,26 +421,10 @@ def test_a_null_key_part_is_one_key(harness: SilverHarness, tmp_path: Path) -> N
     """A key part may be null (keys of a table without a primary key): versions of a key with a null part are one
     key's, matched null-safely when a run changes them. A run whose unit holds no null key matches with `=`, which
     must leave the null-keyed versions alone; one whose unit holds one must close and end them."""
-    import orjson
-
     topic = harness.topic("scd2_null_key_part")
-    key_schema = {
-        "type": "struct",
-        "optional": False,
-        "name": f"{topic.name}.Key",
-        "fields": [
-            {"type": "int32", "optional": False, "field": "id"},
-            {"type": "string", "optional": True, "field": "part"},
-        ],
-    }
 
     def land(changes: list[tuple[Change, str | None]]) -> None:
-        lines = []
-        for change, part in changes:
-            for line in topic.records([change]):
-                line["key"] = orjson.dumps({"schema": key_schema, "payload": {"id": change.id, "part": part}}).decode()
-                lines.append(line)
-        harness.land_lines(f"{topic.table}-{topic.next_offset}", lines, tmp_path)
+        harness.land_part_keyed(topic, changes, tmp_path)
         assert harness.build(topic)
 
     def versions() -> list[tuple[str | None, str | None, int, int | None, bool]]:

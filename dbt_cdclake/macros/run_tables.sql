@@ -103,16 +103,42 @@
   {%- set now = cdclake.table_properties(target) -%}
   {%- set moved = now.get('current-snapshot-id') != properties.get('current-snapshot-id') -%}
   {%- if moved or now.get('cdclake.bronze_snapshot_id') != properties.get('cdclake.bronze_snapshot_id') -%}
-    {%- if branch is not none %}{% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}{% endif -%}
+    {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " changed while this run applied bronze from snapshot " ~ properties.get('cdclake.bronze_snapshot_id') ~ " (now " ~ ('at silver snapshot ' ~ now.get('current-snapshot-id') if moved else 'applied up to bronze snapshot ' ~ now.get('cdclake.bronze_snapshot_id')) ~ "): another run of the model, or a write to silver, overtook it. Nothing was applied; run it again.") }}
   {%- endif -%}
 {%- endmacro %}
 
 
-{#- Drops the branches a killed run left (cdclake_apply_*): they would keep their snapshots from expiry. -#}
+{#-
+  A run's writes to silver are staged on a branch of its own (`cdclake_apply_<run id>`) made from the snapshot the
+  run read (`properties`), then main is fast-forwarded to it (fast_forward_sql, the run's 'main' statement) and the
+  branch dropped (drop_apply_branch): main moves once, from the state the run decided against to the new one, and a
+  run that moved main in between makes the fast-forward fail. Returns the branch's `name` and the `relation` that
+  writes to it.
+-#}
+{% macro create_apply_branch(target, properties, run_id) -%}
+  {%- set name = 'cdclake_apply_' ~ run_id -%}
+  {%- set read_snapshot = properties.get('current-snapshot-id') -%}
+  {% do run_query('alter table ' ~ target ~ ' create branch ' ~ name ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
+  {{ return({'name': name, 'relation': target ~ '.branch_' ~ name}) }}
+{%- endmacro %}
+
+
+{% macro fast_forward_sql(target, branch) -%}
+  call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
+{%- endmacro %}
+
+
+{% macro drop_apply_branch(target, branch) -%}
+  {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
+{%- endmacro %}
+
+
+{#- Drops the branches a killed run left (cdclake_apply_*, create_apply_branch): they would keep their snapshots from
+    expiry. -#}
 {% macro drop_apply_branches(target) -%}
   {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
     {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
-    {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ cdclake.quote(row[0])) %}
+    {% do cdclake.drop_apply_branch(target, cdclake.quote(row[0])) %}
   {%- endfor -%}
 {%- endmacro %}

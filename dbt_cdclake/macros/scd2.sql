@@ -268,16 +268,16 @@ select * from dropped
 
 
 {#-
-  Stages a history run's changes to silver on branch `branch` of `target`, made from the snapshot the run's
-  properties describe (the caller fast-forwards main to it: one atomic step, as in the current-state path), and
-  returns the branch; none when silver does not change. The stored versions whose interval changes, and those that
+  Stages a history run's changes to silver on the run's branch of `target` (create_apply_branch: made from the
+  snapshot the run's properties describe; the caller fast-forwards main to it, one atomic step, as in the
+  current-state path), and returns the branch's name; none when silver does not change. The stored versions whose interval changes, and those that
   go, are deleted, and the new and changed versions inserted. Not one MERGE: Spark 3.5 plans a MERGE with an insert
   clause as a right outer join, which shuffles all of silver, and its updates read every column of every row
   (15-18 s a run over 11M versions, where the DELETE, which reads the key and position columns, and the INSERT took
   4 s; docs/benchmarks.md). When silver has a column the run does not write (one the model no longer selects),
   the changed versions are updated in place instead, by a MERGE that only matches, so that they keep its values.
 -#}
-{% macro scd2_stage(target, layout, delete_mode, properties, branch, broadcast) -%}
+{% macro scd2_stage(target, layout, delete_mode, properties, run_id, broadcast) -%}
   {%- set rows = cdclake.scratch_table(layout, 'history') -%}
   {%- set null_key = [] -%}
   {%- for key in layout.key_columns %}{% do null_key.append(cdclake.quote(key) ~ ' is null') %}{% endfor -%}
@@ -288,9 +288,8 @@ select * from dropped
   {%- set written = columns | map('lower') | list -%}
   {%- set kept = [] -%}
   {%- for name in cdclake.describe_columns(target) if name | lower not in written %}{% do kept.append(name) %}{% endfor -%}
-  {%- set read_snapshot = properties.get('current-snapshot-id') -%}
-  {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
-  {%- set staged = target ~ '.branch_' ~ branch -%}
+  {%- set branch = cdclake.create_apply_branch(target, properties, run_id) -%}
+  {%- set staged = branch.relation -%}
   {%- set null_safe = counts[2] > 0 -%}
   {%- set matched -%}
     {{ cdclake.key_match(layout.key_columns, 't', 's', null_safe) }} and t._cdc_valid_from <=> s._cdc_order and t._cdc_op = s._cdc_op and t._cdc_offset <=> s._cdc_offset
@@ -312,7 +311,7 @@ select * from dropped
       ~ cdclake.scd2_silver_values(columns, 's') ~ (', null' * kept | length) ~ ' from ' ~ rows
       ~ " s where s._cdc_target = 'silver' and s._cdc_action in ('insert'" ~ (", 'update'" if reinserted else '') ~ ")") %}
   {%- endif -%}
-  {{ return(branch) }}
+  {{ return(branch.name) }}
 {%- endmacro %}
 
 

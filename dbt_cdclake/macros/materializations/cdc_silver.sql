@@ -174,13 +174,13 @@
     {%- set branch = none -%}
     {%- if existing is not none -%}
       {#- Staged on a branch of this run, then main is fast-forwarded to it, as in the current-state path below. -#}
-      {%- set branch = cdclake.scd2_stage(target, layout, delete_mode, properties, 'cdclake_apply_' ~ run.id, broadcast) -%}
-      {%- set main_sql = "call system.fast_forward(table => '" ~ target.schema ~ "." ~ target.identifier ~ "', branch => 'main', to => '" ~ branch ~ "')" if branch is not none else 'select 1' -%}
+      {%- set branch = cdclake.scd2_stage(target, layout, delete_mode, properties, run.id, broadcast) -%}
+      {%- set main_sql = cdclake.fast_forward_sql(target, branch) if branch is not none else 'select 1' -%}
       {#- The versions were decided from silver as this run read it: a run that committed since would be overwritten. -#}
       {% do cdclake.check_not_overtaken(target, properties, branch) %}
     {%- endif -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
-    {%- if branch is not none %}{% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}{% endif -%}
+    {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
     {% do cdclake.scd2_finish(layout, tombstones, existing, delete_mode) %}
     {% do cdclake.drop_folded_images(layout, changes) %}
     {%- set recorded = ", 'cdclake.batch_schema' = '" ~ run.schema ~ "'" if run.schema != run.previous_schema else '' -%}
@@ -265,10 +265,8 @@
             the run read its properties (an overlapping run of the model), the fast-forward fails: this run's unit
             and applied position are stale, and applied on top of the other run's state they would overwrite newer
             rows. -#}
-        {%- set branch = 'cdclake_apply_' ~ run.id -%}
-        {%- set read_snapshot = properties.get('current-snapshot-id') -%}
-        {% do run_query('alter table ' ~ target ~ ' create branch ' ~ branch ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
-        {%- set staged = target ~ '.branch_' ~ branch -%}
+        {%- set branch = cdclake.create_apply_branch(target, properties, run.id) -%}
+        {%- set staged = branch.relation -%}
         {% do run_query(cdclake.silver_delete_sql(layout, batch, staged, truncate if new_truncate else none, broadcast, null_safe)) %}
         {%- if new_truncate and delete_mode == 'soft' -%}
           {% do run_query(cdclake.void_kept_values_sql(layout, staged, truncate)) %}
@@ -280,11 +278,9 @@
           {#- On the branch too: main moves once per run. -#}
           {% do run_query(cdclake.soft_delete_purge_sql(staged, horizon)) %}
         {%- endif -%}
-        {% do cdclake.check_not_overtaken(target, properties, branch) %}
-        {%- call statement('main') -%}
-          call system.fast_forward(table => '{{ target.schema }}.{{ target.identifier }}', branch => 'main', to => '{{ branch }}')
-        {%- endcall -%}
-        {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
+        {% do cdclake.check_not_overtaken(target, properties, branch.name) %}
+        {%- call statement('main') -%} {{ cdclake.fast_forward_sql(target, branch.name) }} {%- endcall -%}
+        {% do cdclake.drop_apply_branch(target, branch.name) %}
       {%- else -%}
         {#- Nothing to change in silver; its properties still move on (below), which a stale run must not do. -#}
         {% do cdclake.check_not_overtaken(target, properties) %}
