@@ -13,11 +13,15 @@
 
 {#- Column name -> Spark type text. DESCRIBE cuts a struct's type after spark.sql.debug.maxToStringFields fields
     (25 by default): a change past them (a widened column of a wide row) would not show. The setting only shortens
-    debug and plan strings, so it is raised for the session. -#}
+    debug and plan strings, so it is raised for the session (once per run: see run_memo). -#}
 {% macro describe_columns(relation) -%}
   {%- set types = {} -%}
   {%- if not execute %}{{ return(types) }}{% endif -%}
-  {% do run_query('set spark.sql.debug.maxToStringFields = 1000000') %}
+  {%- set memo = cdclake.run_memo() -%}
+  {%- if not memo.get('max fields raised') -%}
+    {% do run_query('set spark.sql.debug.maxToStringFields = 1000000') %}
+    {% do memo.update({'max fields raised': true}) %}
+  {%- endif -%}
   {%- for row in run_query('describe table ' ~ relation).rows -%}
     {%- if row[0] and not row[0].startswith('#') and row[0] not in types -%}{% do types.update({row[0]: row[1]}) %}{%- endif -%}
     {%- if row[0] and row[0].startswith('#') %}{% break %}{% endif -%}
@@ -26,20 +30,51 @@
 {%- endmacro %}
 
 
+{#- A dict that lasts as long as this node's run: dbt renders every macro a node calls in one context, whose `model`
+    is one dict (empty outside a node, as in run-operation). It keeps what a run reads about bronze, which the run
+    only reads: the same answer each time, for one statement instead of one per reader (the layout, partial images,
+    transactions and the shipped tests each ask), and a consistent one should an ingest add a column meanwhile. -#}
+{% macro run_memo() -%}
+  {%- if model is not mapping %}{{ return({}) }}{% endif -%}
+  {{ return(model.setdefault('cdclake_run_memo', {})) }}
+{%- endmacro %}
+
+
+{#- describe_columns of a bronze table, read once per run (run_memo). -#}
+{% macro bronze_columns(bronze) -%}
+  {%- set memo = cdclake.run_memo() -%}
+  {%- set key = 'columns ' ~ bronze -%}
+  {%- if key not in memo %}{% do memo.update({key: cdclake.describe_columns(bronze)}) %}{% endif -%}
+  {{ return(memo[key]) }}
+{%- endmacro %}
+
+
+{#- The field names of struct column `column` of a bronze table, read once per run (run_memo). -#}
 {% macro struct_field_names(relation, column) -%}
   {%- if not execute %}{{ return([]) }}{% endif -%}
-  {{ return(run_query('select ' ~ column ~ '.* from ' ~ relation ~ ' where false').column_names | list) }}
+  {%- set memo = cdclake.run_memo() -%}
+  {%- set key = 'fields ' ~ relation ~ ' ' ~ column -%}
+  {%- if key not in memo -%}
+    {% do memo.update({key: run_query('select ' ~ column ~ '.* from ' ~ relation ~ ' where false').column_names | list}) %}
+  {%- endif -%}
+  {{ return(memo[key]) }}
 {%- endmacro %}
 
 
 {#- The field names seen in a sample of JSON text column `column` (a schemaless key or image); none when it holds
     no object yet. Names in JSON are case-sensitive, and get_json_object of a name the text does not have is null:
-    a model's key named in another case than the source's would give every change the key NULL (one silver row). -#}
+    a model's key named in another case than the source's would give every change the key NULL (one silver row).
+    Sampled once per run (run_memo). -#}
 {% macro json_field_names(relation, column) -%}
   {%- if not execute %}{{ return(none) }}{% endif -%}
-  {%- set sample = 'select ' ~ column ~ ' as j from ' ~ relation ~ ' where ' ~ column ~ " like '{%' limit 100" -%}
-  {%- set names = run_query('select distinct explode(json_object_keys(j)) from (' ~ sample ~ ') where json_object_keys(j) is not null').columns[0].values() | list -%}
-  {{ return(names if names else none) }}
+  {%- set memo = cdclake.run_memo() -%}
+  {%- set key = 'json fields ' ~ relation ~ ' ' ~ column -%}
+  {%- if key not in memo -%}
+    {%- set sample = 'select ' ~ column ~ ' as j from ' ~ relation ~ ' where ' ~ column ~ " like '{%' limit 100" -%}
+    {%- set names = run_query('select distinct explode(json_object_keys(j)) from (' ~ sample ~ ') where json_object_keys(j) is not null').columns[0].values() | list -%}
+    {% do memo.update({key: names if names else none}) %}
+  {%- endif -%}
+  {{ return(memo[key]) }}
 {%- endmacro %}
 
 
@@ -60,7 +95,7 @@
     column with its first change. Until then a first run applies nothing (and records nothing: the run after it
     reads the truncate again with the changes), instead of failing as if the source table had no key. -#}
 {% macro awaiting_keys(bronze, end) -%}
-  {%- if not execute or config.get('keys') or cdclake.describe_columns(bronze).get('key', '').startswith('struct') -%}
+  {%- if not execute or config.get('keys') or cdclake.bronze_columns(bronze).get('key', '').startswith('struct') -%}
     {{ return(false) }}
   {%- endif -%}
   {{ return(run_query('select count(*) from ' ~ bronze ~ ' version as of ' ~ end ~ " where op <> 't'").rows[0][0] == 0) }}
@@ -84,7 +119,7 @@
 
 {#- Keys, image columns and expressions for one model. Fails with a clear message for a table without a key. -#}
 {% macro silver_layout(bronze, input_sql) -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set types = cdclake.bronze_columns(bronze) -%}
   {%- set key_type = types.get('key', '') -%}
   {%- set after_type = types.get('after', '') -%}
   {%- set typed_key = key_type.startswith('struct') -%}

@@ -40,7 +40,7 @@
     {%- set placeholder = cdclake.unavailable_placeholder_in(bronze, changes, probe_unavailable, moves) -%}
     {%- if not ignore_nulls and placeholder is none %}{{ return(changes) }}{% endif -%}
   {%- endif -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set types = cdclake.bronze_columns(bronze) -%}
   {%- if layout.document -%}
     {%- if ignore_nulls -%}
       {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': ignore_null_updates applies to typed row images; " ~ bronze ~ " holds documents, whose partial updates (updateDescription, patch) are folded without it") }}

@@ -42,7 +42,7 @@
 {#- How a bronze row's transaction is read, typed or schemaless: {'id', 'order' (data_collection_order),
     'connector', 'collection' (its data collection as `<schema or db>.<table or collection>`)}. -#}
 {% macro transaction_reading(bronze, types=none) -%}
-  {%- set types = types if types is not none else cdclake.describe_columns(bronze) -%}
+  {%- set types = types if types is not none else cdclake.bronze_columns(bronze) -%}
   {%- if types.get('transaction', '').startswith('struct') -%}
     {%- set id, order = 'transaction.id', 'transaction.data_collection_order' -%}
   {%- else -%}
@@ -68,7 +68,7 @@
 {#- How the transaction table's records are read: {'status', 'id', 'collections' (data_collections as an array of
     structs)}. Typed, each is a column; without schemas (`schemas.enable=false`) the record is JSON text, `payload`. -#}
 {% macro end_records(transactions) -%}
-  {%- set types = cdclake.describe_columns(transactions) -%}
+  {%- set types = cdclake.bronze_columns(transactions) -%}
   {%- set array = 'array<struct<data_collection:string,event_count:bigint>>' -%}
   {%- if 'status' in types -%}
     {%- set collections = 'data_collections' if types.get('data_collections', '').startswith('array') else "from_json(data_collections, '" ~ array ~ "')" -%}
@@ -158,7 +158,7 @@
 {% macro without_incomplete_transactions(bronze, changes, start, end, properties, scratch=none) -%}
   {%- set recorded = none if properties.get('cdclake.held_transactions') in (none, '') else '' -%}
   {%- set transactions = cdclake.transactions_relation(bronze) -%}
-  {%- set types = cdclake.describe_columns(bronze) if transactions is not none else {} -%}
+  {%- set types = cdclake.bronze_columns(bronze) if transactions is not none else {} -%}
   {%- if 'transaction' not in types -%}
     {{ return({'changes': changes, 'held': [], 'property': recorded}) }}
   {%- endif -%}

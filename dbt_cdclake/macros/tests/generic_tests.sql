@@ -89,7 +89,7 @@
 {% macro recomputed_latest(bronze, keys, snapshot=none, bronze_where=none, held=none, bronze_types=none) -%}
   {%- set kept = '' if bronze_where is none else ' where (' ~ bronze_where ~ ')' -%}
   {#- Keys read as the model reads them (silver_layout): from the Kafka key, or from the images of a keyless table. -#}
-  {%- set types = bronze_types if bronze_types is not none else (cdclake.describe_columns(bronze) if execute else {}) -%}
+  {%- set types = bronze_types if bronze_types is not none else (cdclake.bronze_columns(bronze) if execute else {}) -%}
   {%- set reading = cdclake.key_reading(bronze, keys, types) if execute else {'exprs': {}, 'moves': none} -%}
   {%- set key_exprs = reading.exprs -%}
   {%- set read = 'select * from ' ~ bronze ~ (' version as of ' ~ snapshot if snapshot else '') -%}
@@ -186,7 +186,7 @@
   {%- if cdclake.reads_no_data() %}{{ return(cdclake.no_problems()) }}{% endif -%}
   {%- set shape = cdclake.silver_shape(model) -%}
   {%- set state = cdclake.tested_state(model) -%}
-  {%- set types = cdclake.describe_columns(bronze) -%}
+  {%- set types = cdclake.bronze_columns(bronze) -%}
   {%- set compared = cdclake.recompute_value_columns(state.properties, bronze, shape, types) if execute else [] -%}
   {%- set key_list -%}{% for key in keys %}{{ cdclake.quote(key) }}, {% endfor %}{%- endset -%}
   with expected as (
