@@ -441,6 +441,64 @@ def test_tombstones_stay_while_a_transaction_is_held(harness: SilverHarness, dum
     assert live() == {2: "h"}
 
 
+def test_a_held_delete_whose_run_was_killed_after_silvers_commit(harness: SilverHarness, dumps: Path) -> None:
+    """A run killed right after silver's commit (the fast-forward of main) leaves its branch, and neither its
+    tombstones nor its properties: the next run reads its unit again, from where the oldest transaction held
+    before it began. Here the killed run applied held transaction d, which deletes key 1: the run after it must
+    still give key 1 its tombstone, so that a late replay of key 1's create cannot bring it back, and must move
+    the held state on."""
+    source = TransactedTopic(harness.topic("held_killed"))
+    topic = source.topic
+    table, tombstones = f"silver.{topic.table}", f"silver.{topic.table}__cdc_tombstones"
+    complete = source.changes(
+        [Change("c", 1, 10, "a"), Change("c", 2, 11, "a"), Change("c", 3, 12, "a"), Change("d", 3, 13)],
+        [("a", 1), ("a", 2), ("a", 3), ("a", 4)],
+    )
+    held = source.changes([Change("d", 1, 20)], [("d", 1)])  # d's other change and END are to come
+    harness.land_lines("killed-0", [*complete, source.end("a", 4), *held], dumps)
+    source.scaffold(harness, "")
+    assert harness.build(topic)
+    assert harness.silver(topic) == {1: "a", 2: "a"}
+    assert tombstone_keys(harness, topic) == [3]
+    catalog = load_catalog(harness.settings)
+    before = catalog.load_table(table).properties
+    assert orjson.loads(before[HELD])["ids"] == ["d"]
+    tombstones_before = catalog.load_table(tombstones).current_snapshot()
+    assert tombstones_before is not None
+
+    harness.land_lines("killed-1", [*source.changes([Change("u", 2, 21, "d")], [("d", 2)]), source.end("d", 2)], dumps)
+    assert harness.build(topic)
+    assert harness.silver(topic) == {2: "d"}
+    # What a SIGKILL right after the fast-forward leaves: main moved, the run's branch still there, the tombstones
+    # and silver's properties as before the run.
+    harness.spark.sql(f"alter table {table} create branch cdclake_apply_killed").collect()
+    harness.spark.sql(f"call system.rollback_to_snapshot('{tombstones}', {tombstones_before.snapshot_id})").collect()
+    after = catalog.load_table(table).properties
+    cdclake_keys = {key for key in {*before, *after} if key.startswith("cdclake.")}
+    assert {key: after.get(key) for key in cdclake_keys} != {key: before.get(key) for key in cdclake_keys}
+    restored = ", ".join(f"'{key}' = '{sql_text(before[key])}'" for key in sorted(cdclake_keys) if key in before)
+    harness.spark.sql(f"alter table {table} set tblproperties ({restored})").collect()
+    added = [f"'{key}'" for key in sorted(cdclake_keys) if key not in before]
+    if added:
+        harness.spark.sql(f"alter table {table} unset tblproperties ({', '.join(added)})").collect()
+    assert tombstone_keys(harness, topic) == [3]
+
+    assert harness.build(topic)  # reads d again (and a's changes after d began): key 1's delete gets its tombstone
+    assert harness.silver(topic) == {2: "d"}
+    assert tombstone_keys(harness, topic) == [1, 3]
+    properties = load_catalog(harness.settings).load_table(table).properties
+    assert not properties.get(HELD)
+    assert not harness.spark.sql(f"select * from {table}.refs where name = 'cdclake_apply_killed'").collect()
+    harness.land_lines("killed-2", source.changes([Change("c", 1, 10, "a")], [("a", 1)]), dumps)  # a late replay
+    assert harness.build(topic)
+    assert harness.silver(topic) == {2: "d"}
+
+
+def sql_text(value: str) -> str:
+    """``value`` inside a single-quoted Spark SQL literal."""
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
 def test_a_change_waiting_for_its_key_is_read_again_whichever_transaction_holds_it(
     harness: SilverHarness, dumps: Path
 ) -> None:
