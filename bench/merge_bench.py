@@ -418,6 +418,15 @@ class Bench:
     def scalar(self, sql: str) -> Any:
         return self.spark.sql(sql).collect()[0][0]
 
+    def differing_rows(self, a: str, b: str) -> int:
+        """Rows in one of two relations (tables or parenthesised queries of the same columns) and not the other."""
+        return int(
+            self.scalar(
+                f"select count(*) from ((select * from {a} except all select * from {b}) "
+                f"union all (select * from {b} except all select * from {a}))"
+            )
+        )
+
 
 # -- the benchmark ------------------------------------------------------------------------------------------------
 @dataclass
@@ -629,12 +638,7 @@ def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement
         # Every version the incremental runs left must be what the rebuild gives.
         columns = ", ".join(["id", *IMAGE_COLUMNS, "_cdc_op", "_cdc_offset", *SCD2_COLUMNS])
         incremental = f"(select {columns} from {scd2_table} version as of {applied})"
-        row.scd2_differing = int(
-            bench.scalar(
-                f"select count(*) from ((select * from {incremental} except all select {columns} from {scd2_table}) "
-                f"union all (select {columns} from {scd2_table} except all select * from {incremental}))"
-            )
-        )
+        row.scd2_differing = bench.differing_rows(incremental, f"(select {columns} from {scd2_table})")
     cdc = row.cdc
     say(
         f"{bronze.table} U={unit:,}: cdc_silver {cdc.wall_s:.1f} s (silver write {cdc.write_s:.1f} s, "
@@ -674,11 +678,8 @@ def verify(bench: Bench, setup: Setup) -> None:
     """cdc_silver must equal the full recomputation (both were run last on the same bronze snapshot)."""
     table = setup.bronze.table
     columns = ", ".join(["id", *IMAGE_COLUMNS, "_cdc_offset"])
-    a, b = f"silver.{table}", f"silver.{table}_full"
-    differing = bench.scalar(
-        f"select count(*) from ((select {columns} from {a} except all select {columns} from {b}) "
-        f"union all (select {columns} from {b} except all select {columns} from {a}))"
-    )
+    a = f"silver.{table}"
+    differing = bench.differing_rows(f"(select {columns} from {a})", f"(select {columns} from {a}_full)")
     setup.silver_rows = int(bench.scalar(f"select count(*) from {a}"))
     expected = setup.bronze.live_keys
     setup.verified = "ok" if differing == 0 and setup.silver_rows == expected else f"{differing} rows differ"
@@ -686,10 +687,7 @@ def verify(bench: Bench, setup: Setup) -> None:
     if bench.scd2:
         # The history's current versions are silver (its --full-refresh ran last, after the last unit).
         current = f"(select {columns} from silver.{table}_scd2 where _cdc_is_current and _cdc_op <> 'd')"
-        differing = bench.scalar(
-            f"select count(*) from ((select {columns} from {a} except all select * from {current}) "
-            f"union all (select * from {current} except all select {columns} from {a}))"
-        )
+        differing = bench.differing_rows(f"(select {columns} from {a})", current)
         if differing:
             setup.verified = f"the history's current versions differ from silver in {differing} rows"
     say(

@@ -117,10 +117,15 @@
   writes to it.
 -#}
 {% macro create_apply_branch(target, properties, run_id) -%}
-  {%- set name = 'cdclake_apply_' ~ run_id -%}
+  {%- set name = cdclake.apply_branch_prefix() ~ run_id -%}
   {%- set read_snapshot = properties.get('current-snapshot-id') -%}
   {% do run_query('alter table ' ~ target ~ ' create branch ' ~ name ~ (' as of version ' ~ read_snapshot if read_snapshot not in (none, 'none') else '')) %}
   {{ return({'name': name, 'relation': target ~ '.branch_' ~ name}) }}
+{%- endmacro %}
+
+
+{% macro apply_branch_prefix() -%}
+  {{ return('cdclake_apply_') }}
 {%- endmacro %}
 
 
@@ -137,7 +142,7 @@
 {#- Drops the branches a killed run left (cdclake_apply_*, create_apply_branch): they would keep their snapshots from
     expiry. -#}
 {% macro drop_apply_branches(target) -%}
-  {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, 'cdclake_apply_')").rows -%}
+  {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, '" ~ cdclake.apply_branch_prefix() ~ "')").rows -%}
     {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
     {% do cdclake.drop_apply_branch(target, cdclake.quote(row[0])) %}
   {%- endfor -%}
