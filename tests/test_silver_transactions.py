@@ -19,6 +19,7 @@ from ingest.dbt_runner import run_dbt
 from ingest.fakes import SOURCES, build_stream
 from ingest.fakes.records import KafkaRecord, kcat_line
 from ingest.lakehouse import load_catalog
+from ingest.maintenance import sql_string
 from ingest.scaffold import model_sql, model_yaml, scaffold
 from tests.conftest import FIXTURES
 from tests.silver_harness import Change, Connector, SilverHarness, Topic, TransactedTopic, without_schema
@@ -476,14 +477,16 @@ def test_a_held_delete_whose_run_was_killed_after_silvers_commit(harness: Silver
     after = catalog.load_table(table).properties
     cdclake_keys = {key for key in {*before, *after} if key.startswith("cdclake.")}
     assert {key: after.get(key) for key in cdclake_keys} != {key: before.get(key) for key in cdclake_keys}
-    restored = ", ".join(f"'{key}' = '{sql_text(before[key])}'" for key in sorted(cdclake_keys) if key in before)
+    restored = ", ".join(f"'{key}' = {sql_string(before[key])}" for key in sorted(cdclake_keys) if key in before)
     harness.spark.sql(f"alter table {table} set tblproperties ({restored})").collect()
     added = [f"'{key}'" for key in sorted(cdclake_keys) if key not in before]
     if added:
         harness.spark.sql(f"alter table {table} unset tblproperties ({', '.join(added)})").collect()
+    now = load_catalog(harness.settings).load_table(table).properties
+    assert {key: now.get(key) for key in cdclake_keys} == {key: before.get(key) for key in cdclake_keys}
     assert tombstone_keys(harness, topic) == [3]
 
-    assert harness.build(topic)  # reads d again (and a's changes after d began): key 1's delete gets its tombstone
+    assert harness.build(topic)  # reads all of bronze again, where the run that first held d began
     assert harness.silver(topic) == {2: "d"}
     assert tombstone_keys(harness, topic) == [1, 3]
     properties = load_catalog(harness.settings).load_table(table).properties
@@ -492,11 +495,6 @@ def test_a_held_delete_whose_run_was_killed_after_silvers_commit(harness: Silver
     harness.land_lines("killed-2", source.changes([Change("c", 1, 10, "a")], [("a", 1)]), dumps)  # a late replay
     assert harness.build(topic)
     assert harness.silver(topic) == {2: "d"}
-
-
-def sql_text(value: str) -> str:
-    """``value`` inside a single-quoted Spark SQL literal."""
-    return value.replace("\\", "\\\\").replace("'", "\\'")
 
 
 def test_a_change_waiting_for_its_key_is_read_again_whichever_transaction_holds_it(
