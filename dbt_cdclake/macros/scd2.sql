@@ -271,11 +271,12 @@ select * from dropped
   Stages a history run's changes to silver on the run's branch of `target` (create_apply_branch: made from the
   snapshot the run's properties describe; the caller fast-forwards main to it, one atomic step, as in the
   current-state path), and returns the branch's name; none when silver does not change. The stored versions whose
-  interval changes, and those that go, are deleted, and the new and changed versions inserted. Not one MERGE: Spark 3.5 plans a MERGE with an insert
-  clause as a right outer join, which shuffles all of silver, and its updates read every column of every row
-  (15-18 s a run over 11M versions, where the DELETE, which reads the key and position columns, and the INSERT took
-  4 s; docs/benchmarks.md). When silver has a column the run does not write (one the model no longer selects),
-  the changed versions are updated in place instead, by a MERGE that only matches, so that they keep its values.
+  interval changes, and those that go, are deleted, and the new and changed versions inserted. Not one MERGE:
+  Spark 3.5 plans a MERGE with an insert clause as a right outer join, which shuffles all of silver, and its
+  updates read every column of every row (15-18 s a run over 11M versions, where the DELETE, which reads the key
+  and position columns, and the INSERT took 4 s; docs/benchmarks.md). When silver has a column the run does not
+  write (one the model no longer selects), the changed versions are updated in place instead, by a MERGE that
+  only matches, so that they keep its values.
 -#}
 {% macro scd2_stage(target, layout, delete_mode, properties, run_id, broadcast) -%}
   {%- set rows = cdclake.scratch_table(layout, 'history') -%}
