@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.docs import BENCHMARKS_DOC, replace_section
+from ingest.bronze.order_watermark import ORDER_MAX_PROPERTY, ORDER_REGRESSIONS_PROPERTY
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, PARTITION_SOURCE_COLUMN, UTC_US
 from ingest.bronze.tables import (
     KIND_PROPERTY,
@@ -189,10 +190,18 @@ def _write(spark: Any, bronze: Bronze, count: int, key_sql: str, op_sql: str, in
         .selectExpr(*ROW_SQL)
     )
     # Offsets (and so ingest days) increase within each task: no shuffle needed before writing. The snapshot
-    # summary's running counts of truncates and unavailable values, as `cdclake ingest` keeps them (none here).
+    # summary's running counts of truncates, unavailable values and order regressions, and the greatest order, as
+    # `cdclake ingest` keeps them (orders increase with offsets: every append is newer than all before it).
     writer = frame.writeTo(bronze.identifier).option("distribution-mode", "none").option("fanout-enabled", "true")
-    writer = writer.option(f"snapshot-property.{TRUNCATES_PROPERTY}", "0")
-    writer.option(f"snapshot-property.{UNAVAILABLE_PROPERTY}", "0").append()
+    summary = {
+        TRUNCATES_PROPERTY: "0",
+        UNAVAILABLE_PROPERTY: "0",
+        ORDER_REGRESSIONS_PROPERTY: "0",
+        ORDER_MAX_PROPERTY: f"[{start + count},{start + count}]",  # ROW_SQL's _cdc_order of the last offset
+    }
+    for key, value in summary.items():
+        writer = writer.option(f"snapshot-property.{key}", value)
+    writer.append()
     bronze.next_offset += count
 
 

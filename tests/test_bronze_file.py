@@ -16,6 +16,7 @@ import pytest
 from pyiceberg.table.snapshots import Operation
 
 from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.order_watermark import ORDER_MAX_PROPERTY, ORDER_REGRESSIONS_PROPERTY, order_bounds, order_summary
 from ingest.bronze.rows import HEADERS_TYPE
 from ingest.bronze.tables import (
     KIND_PROPERTY,
@@ -881,6 +882,55 @@ def test_snapshots_keep_a_running_count_of_truncates(lakehouse: Path, tmp_path: 
     table.append(table.scan(row_filter="op = 'c'", limit=1).to_arrow())  # another writer: no count
     assert truncates_total(load_catalog(settings).load_table(f"bronze.{topic.table}")) is None
     assert land([Change("u", 3, 8, "c3")]) is None
+
+
+def test_snapshots_record_whether_changes_land_in_order(lakehouse: Path, tmp_path: Path) -> None:
+    """Every bronze append records the greatest `_cdc_order` so far (`cdclake.order-max`) and counts the appends
+    holding a change not newer than it (`cdclake.order-regressions-total`), which tells silver whether a unit of
+    work can hold a change older than one it applied. Truncates and tombstones carry no order that counts. After
+    an append by another writer both are unknown, and stay unknown."""
+    from tests.silver_harness import Change, Topic
+
+    settings = make_settings(lakehouse)
+    topic = Topic("ifx.counts.ordered")
+
+    def land(changes: list[Change]) -> tuple[str | None, str | None]:
+        regressions = land_and_read_count(settings, topic, changes, tmp_path, ORDER_REGRESSIONS_PROPERTY)
+        table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+        return table.current_snapshot().summary.get(ORDER_MAX_PROPERTY), regressions
+
+    assert land([Change("c", 1, 5, "a"), Change("c", 2, 3, "b")]) == ("[5,5,-1]", "0")  # out of order within one
+    assert land([Change("u", 1, 6, "a2"), Change("d", 2, 7)]) == ("[7,7,-1]", "0")  # its tombstone: no order
+    assert land([Change("t", 0, 2)]) == ("[7,7,-1]", "0")  # a truncate is not looked up by key
+    assert land([Change("u", 1, 9, "a3"), Change("c", 3, 7, "c")]) == ("[9,9,-1]", "1")  # 7 again: not newer
+    assert land([Change("u", 3, 8, "c2")]) == ("[9,9,-1]", "2")  # a late change
+    assert land([Change("u", 3, 10, "c3")]) == ("[10,10,-1]", "2")
+    table = load_catalog(settings).load_table(f"bronze.{topic.table}")
+    table.append(table.scan(row_filter="op = 'c'", limit=1).to_arrow())  # another writer: unknown from now on
+    assert land([Change("u", 3, 11, "c4")]) == (None, None)
+
+
+def test_order_bounds_compare_as_spark_compares_arrays() -> None:
+    """The least and greatest order of a batch's changes: element by element, a null element first, then the
+    shorter array first (Spark's ordering, which silver's position comparison uses); changes without an order are
+    reported, and an append holding one counts as a regression (silver ranks it below every position)."""
+    evens = pa.table(
+        {"op": ["c", "u", "t", "d", None, "r"], "_cdc_order": [[5, 1], [5, 3], None, [2, 9], None, [7, 0]]}
+    )
+    assert order_bounds(evens) == (((2, 9), (7, 0)), False)
+    uneven = pa.table({"op": ["c", "u", "u"], "_cdc_order": [[5, None], [5], [4, 8, 1]]})
+    assert order_bounds(uneven) == (((4, 8, 1), (5, None)), False)
+    with_null = pa.table({"op": ["u", "u"], "_cdc_order": [None, [3, 0]]})
+    assert order_bounds(with_null) == (((3, 0), (3, 0)), True)
+    assert order_bounds(pa.table({"op": ["t"], "_cdc_order": [[1, 1]]})) == (None, False)
+    assert order_bounds(pa.table({"id": [1]})) == (None, False)
+    assert order_summary(evens, "null", 0) == {ORDER_MAX_PROPERTY: "[7,0]", ORDER_REGRESSIONS_PROPERTY: "0"}
+    assert order_summary(evens, "[2,9]", 4) == {ORDER_MAX_PROPERTY: "[7,0]", ORDER_REGRESSIONS_PROPERTY: "5"}
+    assert order_summary(evens, "[2,8]", 4) == {ORDER_MAX_PROPERTY: "[7,0]", ORDER_REGRESSIONS_PROPERTY: "4"}
+    assert order_summary(evens, "[8]", 4) == {ORDER_MAX_PROPERTY: "[8]", ORDER_REGRESSIONS_PROPERTY: "5"}
+    assert order_summary(with_null, "[1,0]", 0) == {ORDER_MAX_PROPERTY: "[3,0]", ORDER_REGRESSIONS_PROPERTY: "1"}
+    assert order_summary(evens, None, 0) == {}
+    assert order_summary(evens, "[1]", None) == {}
 
 
 @pytest.mark.parametrize(

@@ -575,6 +575,19 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     assert harness.silver(topic) == {1: "x2", 2: "y", 3: "reborn"} == topic.expected()
     properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
     assert json.loads(properties["cdclake.applied_position"])["o"] == [50, 50, -1]
+    # A unit whose every change is newer than all bronze held before it (its snapshots' order counts say so)
+    # leaves silver out of the batch: only the tombstones are looked up. Its late neighbours above read silver.
+    size = log.stat().st_size
+    harness.apply(topic, [Change(U, 1, 60, "x3"), Change(D, 2, 61), Change(C, 2, 62, "y2")], dumps)
+    with log.open("rb") as text:
+        text.seek(size)
+        batch = text.read().decode().split("create or replace table", 1)[1].split("select count(*)", 1)[0]
+    assert batch.count("left semi join") == 1, batch
+    assert f"silver.{topic.table}__cdc_tombstones b" in batch, batch
+    assert harness.silver(topic) == {1: "x3", 2: "y2", 3: "reborn"} == topic.expected()
+    # And a late one again (below 62) is looked up and stays void.
+    harness.apply(topic, [Change(U, 2, 55, "stale2"), Change(U, 3, 63, "r2")], dumps)
+    assert harness.silver(topic) == {1: "x3", 2: "y2", 3: "r2"} == topic.expected()
 
 
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:

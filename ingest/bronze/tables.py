@@ -33,6 +33,7 @@ from ingest.bronze.columnar import conform_table, drop_committed
 from ingest.bronze.dead_letters import dead_lettered_offsets
 from ingest.bronze.evolution import merge_schemas, normalized
 from ingest.bronze.naming import DEAD_LETTER_TABLE
+from ingest.bronze.order_watermark import ORDER_MAX_PROPERTY, ORDER_REGRESSIONS_PROPERTY, order_summary
 from ingest.bronze.rows import PARTITION_SOURCE_COLUMN, Layout
 from ingest.errors import CommitError, DecodeError, TypeConflictError
 
@@ -349,6 +350,8 @@ class BronzeTables:
             total = running_total(table, key)
             if total is not None:
                 summary[key] = str(total + count(data))
+        previous_max = running_value(table, ORDER_MAX_PROPERTY, "null")
+        summary.update(order_summary(data, previous_max, running_total(table, ORDER_REGRESSIONS_PROPERTY)))
         base = table.current_snapshot() if batch.kind == DEAD_LETTER_KIND else None
         with table.transaction() as transaction:
             append(transaction, data, summary)
@@ -579,17 +582,24 @@ def truncates_total(table: Table) -> int | None:
 
 
 def running_total(table: Table, key: str) -> int | None:
-    """A running count (``key``: truncates, unavailable values) up to the table's current snapshot (0 for a table
-    without one): the newest snapshot summary's count, passing snapshots that add no rows an incremental read sees
-    (compaction's replace, a delete). None when an append without the count comes first (another writer's, or
-    cdclake's before it kept one) or the chain reaches an expired snapshot: silver then reads its unit instead."""
+    """A running count (``key``: truncates, unavailable values, order regressions) up to the table's current
+    snapshot (0 for a table without one); see ``running_value``."""
+    value = running_value(table, key, "0")
+    return None if value is None else int(value)
+
+
+def running_value(table: Table, key: str, initial: str) -> str | None:
+    """A running value of the snapshot summaries up to the table's current snapshot (``initial`` for a table
+    without one): the newest snapshot summary's, passing snapshots that add no rows an incremental read sees
+    (compaction's replace, a delete). None when an append without it comes first (another writer's, or cdclake's
+    before it kept one) or the chain reaches an expired snapshot: silver then reads its unit instead."""
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return 0
+        return initial
     while snapshot is not None and snapshot.summary is not None:
         value = snapshot.summary.get(key)
         if value is not None:
-            return int(value)
+            return str(value)
         if (
             snapshot.summary.operation not in (Operation.REPLACE, Operation.DELETE)
             or snapshot.parent_snapshot_id is None

@@ -29,9 +29,10 @@
      (batch_schema; the next run to succeed drops it): per touched key the row silver must hold (for a hard
      delete, the key and its position). Silver and the tombstones are looked up only for the touched keys
      (broadcast semi-joins), silver's positions only for changes at or below `cdclake.applied_position` (the
-     greatest position ever applied): a change above it is newer than anything silver holds. Changes not
-     newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are void. One
-     query over the batch counts what is to do;
+     greatest position ever applied): a change above it is newer than anything silver holds (and when bronze's
+     snapshots show every change of the unit newer than all before it, unit_after_start, silver is not read).
+     Changes not newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are
+     void. One query over the batch counts what is to do;
   3. silver: DELETE the touched keys (and, with a new truncate, every row older than it), INSERT their new rows,
      both staged on a branch of this run, then main is fast-forwarded to it: one atomic step of main. (One MERGE
      would shuffle all of silver: Spark 3.5 plans a MERGE with an insert clause as a right outer join, which
@@ -250,6 +251,10 @@
           DELETE and INSERT (with a longer bronze range, this run would insert rows of keys it did not delete).
           Those of earlier runs hold nothing this one needs. -#}
       {%- set batch = run.batch -%}
+      {#- A unit whose every change is newer than anything silver applied (bronze's order counts) needs no lookup of
+          silver's positions: not when held transactions moved its start back, nor when folding partial images gave
+          a change the position of an earlier one (a primary-key change's delete). -#}
+      {%- do layout.update({'unit_after_applied': held is none and folded == changes and cdclake.unit_after_start(snapshots, start)}) -%}
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast)) %}
       {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position)).rows[0] -%}
       {%- set new_position = stats[4] -%}
