@@ -50,7 +50,7 @@
   winner is at least that delete. Unless that delete now waits behind a held transaction (complete_transactions):
   an older change of its key is then ignored, as not newer than what silver applied for the key. Silver's
   positions are read only for keys with changes at or below `applied_position` (none, usually: adaptive execution
-  then skips the scan, after planning it and reading the unit again for its keys, 0.25-0.3 s at 10M rows; when
+  then skips the scan, after planning it and reading the unit again for its keys, 0.1-0.3 s at 10M rows; when
   bronze's order counts show there are none, `layout.unit_after_applied`, hard deletes leave silver out of the
   query); silver's other columns only for soft deletes, which keep the values of the key's latest
   change before the delete: the unit's, or silver's row when the unit has none newer than it (a late change).
