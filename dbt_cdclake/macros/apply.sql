@@ -77,6 +77,7 @@
   {%- set looked_up = ("i.op = 'd' or " ~ below) if delete_mode == 'soft' else below -%}
   {#- Hard deletes read nothing else of silver: without a lookup, silver is left out of the query. -#}
   {%- set reads_silver = looked_up != 'false' -%}
+  {%- set lookups = (['t'] if reads_silver else []) + (['bx'] if delete_mode == 'hard' else []) -%}
   {%- if delete_mode == 'soft' -%}
     {#- Soft deletes: where the values of silver's row come from (its own change; a soft-deleted row's kept values:
         _cdc_values_position, null on rows written before cdclake kept it, where it is unknown) ... -#}
@@ -95,7 +96,7 @@
   using iceberg
   tblproperties ('format-version' = '2', 'write.parquet.compression-codec' = 'snappy', 'write.distribution-mode' = 'none',
     'write.metadata.delete-after-commit.enabled' = 'true', 'write.metadata.previous-versions-max' = '2')
-  as select {% if broadcast %}/*+ {% if reads_silver %}BROADCAST(t){% endif %}{% if delete_mode == 'hard' %}{% if reads_silver %}, {% endif %}BROADCAST(bx){% endif %} */{% endif %}
+  as select {% if broadcast %}/*+ {% for lookup in lookups %}BROADCAST({{ lookup }}){% if not loop.last %}, {% endif %}{% endfor %} */{% endif %}
     {%- for key in keys %}
     s.{{ cdclake.quote(key) }},
     {%- endfor %}
