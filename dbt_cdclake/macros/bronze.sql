@@ -209,33 +209,40 @@
 
 
 {#-
-  Whether the unit of work after `start` (None: all of bronze) up to the snapshot `snapshots` describes is known to
-  hold no truncate: the running counts at both ends agree (so a run need not read its unit for one).
+  Whether bronze's running count `count` (`truncates`, `unavailable`, `regressions`: the `start_<count>` and
+  `end_<count>` of bronze_snapshots) is known to be the same at both ends of the unit of work after `start` (None:
+  all of bronze, before which every count is 0): the unit then holds nothing that count counts, and a run need
+  not read it to find out.
 -#}
+{% macro bronze_count_unchanged(snapshots, start, count) -%}
+  {%- set before = '0' if start is none else snapshots['start_' ~ count] -%}
+  {%- set after = snapshots['end_' ~ count] -%}
+  {{ return(after is not none and before is not none and after == before) }}
+{%- endmacro %}
+
+
+{#- Whether the unit of work is known to hold no truncate. -#}
 {% macro truncate_free(snapshots, start) -%}
-  {%- set before = '0' if start is none else snapshots.start_truncates -%}
-  {{ return(snapshots.end_truncates is not none and before is not none and snapshots.end_truncates == before) }}
+  {{ return(cdclake.bronze_count_unchanged(snapshots, start, 'truncates')) }}
+{%- endmacro %}
+
+
+{#- Whether the unit of work is known to hold no update (or primary-key change's create) with Debezium's
+    unavailable-value placeholder (an unchanged TOAST column; `cdclake.unavailable-total`). -#}
+{% macro unavailable_free(snapshots, start) -%}
+  {{ return(cdclake.bronze_count_unchanged(snapshots, start, 'unavailable')) }}
 {%- endmacro %}
 
 
 {#-
   Whether every change of the unit of work after `start` is known to be newer (by `_cdc_order`) than every change
-  bronze held at `start`, so newer than anything a run applied from it: the running counts of appends that held a
-  change not newer than all before them (`cdclake.order-regressions-total`, kept by `cdclake ingest`) agree at both
-  ends. A topic of one partition keeps them equal; where partitions interleave, or without `start`, not known.
+  bronze held at `start`, so newer than anything a run applied from it: no append of the unit held a change not
+  newer than all before it (`cdclake.order-regressions-total`, kept by `cdclake ingest`). A topic of one partition
+  keeps the count; where partitions interleave, not known. Without `start` (all of bronze read again, silver
+  possibly holding what it applied before), not known either.
 -#}
 {% macro unit_after_start(snapshots, start) -%}
-  {{ return(start is not none and snapshots.end_regressions is not none and snapshots.start_regressions is not none and snapshots.end_regressions == snapshots.start_regressions) }}
-{%- endmacro %}
-
-
-{#-
-  Whether the unit of work is known to hold no update (or primary-key change's create) with Debezium's
-  unavailable-value placeholder (an unchanged TOAST column), from the running counts `cdclake ingest` keeps (`cdclake.unavailable-total`), as for truncates.
--#}
-{% macro unavailable_free(snapshots, start) -%}
-  {%- set before = '0' if start is none else snapshots.start_unavailable -%}
-  {{ return(snapshots.end_unavailable is not none and before is not none and snapshots.end_unavailable == before) }}
+  {{ return(start is not none and cdclake.bronze_count_unchanged(snapshots, start, 'regressions')) }}
 {%- endmacro %}
 
 

@@ -60,6 +60,13 @@ UNAVAILABLE_UUID = str(
 )
 # What it puts in an hstore column with hstore.handling.mode=json (the default; a map of it to itself, DBZ-7582).
 UNAVAILABLE_HSTORE_JSON = orjson.dumps({UNAVAILABLE_VALUE: UNAVAILABLE_VALUE}).decode()
+# The running values each append records, and their values before the first snapshot (running_values).
+_RUNNING_INITIAL = {
+    TRUNCATES_PROPERTY: "0",
+    UNAVAILABLE_PROPERTY: "0",
+    ORDER_REGRESSIONS_PROPERTY: "0",
+    ORDER_MAX_PROPERTY: "null",
+}
 MOVED_FROM_HEADER = "__debezium.oldkey"  # the Kafka header of a primary-key change's create
 # Snapshot summary of a replay's commits (`cdclake replay-dead-letters`): how many dead letters a data table
 # landed, or the dead-letter table deleted as landed.
@@ -346,12 +353,14 @@ class BronzeTables:
         summary = {OFFSETS_PROPERTY: offsets, COMMIT_ID_PROPERTY: commit_id}
         if batch.replay:
             summary[REPLAYED_PROPERTY] = str(data.num_rows)
+        running = running_values(table, _RUNNING_INITIAL)
         for key, count in ((TRUNCATES_PROPERTY, count_truncates), (UNAVAILABLE_PROPERTY, count_unavailable)):
-            total = running_total(table, key)
-            if total is not None:
-                summary[key] = str(total + count(data))
-        previous_max = running_value(table, ORDER_MAX_PROPERTY, "null")
-        summary.update(order_summary(data, previous_max, running_total(table, ORDER_REGRESSIONS_PROPERTY)))
+            if (total := running[key]) is not None:
+                summary[key] = str(int(total) + count(data))
+        regressions = running[ORDER_REGRESSIONS_PROPERTY]
+        summary.update(
+            order_summary(data, running[ORDER_MAX_PROPERTY], None if regressions is None else int(regressions))
+        )
         base = table.current_snapshot() if batch.kind == DEAD_LETTER_KIND else None
         with table.transaction() as transaction:
             append(transaction, data, summary)
@@ -583,27 +592,31 @@ def truncates_total(table: Table) -> int | None:
 
 def running_total(table: Table, key: str) -> int | None:
     """A running count (``key``: truncates, unavailable values, order regressions) up to the table's current
-    snapshot (0 for a table without one); see ``running_value``."""
-    value = running_value(table, key, "0")
+    snapshot (0 for a table without one); see ``running_values``."""
+    value = running_values(table, {key: "0"})[key]
     return None if value is None else int(value)
 
 
-def running_value(table: Table, key: str, initial: str) -> str | None:
-    """A running value of the snapshot summaries up to the table's current snapshot (``initial`` for a table
-    without one): the newest snapshot summary's, passing snapshots that add no rows an incremental read sees
-    (compaction's replace, a delete). None when an append without it comes first (another writer's, or cdclake's
-    before it kept one) or the chain reaches an expired snapshot: silver then reads its unit instead."""
+def running_values(table: Table, initial: Mapping[str, str]) -> dict[str, str | None]:
+    """Running values of the snapshot summaries (each key of ``initial``) up to the table's current snapshot
+    (``initial``'s for a table without one), in one walk back: the newest snapshot summary's, passing snapshots
+    that add no rows an incremental read sees (compaction's replace, a delete). None when an append without it
+    comes first (another writer's, or cdclake's before it kept one) or the chain reaches an expired snapshot:
+    silver then reads its unit instead."""
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return initial
+        return dict(initial)
+    values: dict[str, str] = {}
     while snapshot is not None and snapshot.summary is not None:
-        value = snapshot.summary.get(key)
-        if value is not None:
-            return str(value)
+        for key in initial.keys() - values.keys():
+            if (value := snapshot.summary.get(key)) is not None:
+                values[key] = str(value)
+        if len(values) == len(initial):
+            break
         if (
             snapshot.summary.operation not in (Operation.REPLACE, Operation.DELETE)
             or snapshot.parent_snapshot_id is None
         ):
-            return None
+            break
         snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id)
-    return None
+    return {key: values.get(key) for key in initial}
