@@ -193,7 +193,7 @@
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
   {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none, 'start_records': none, 'end_regressions': none, 'start_regressions': none} -%}
-  {%- if adapter.get_relation(database=bronze.database, schema=bronze.schema, identifier=bronze.identifier) is none -%}
+  {%- if not cdclake.table_exists(bronze.schema, bronze.identifier) -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
     {{ return(unwritten) }}
   {%- endif -%}

@@ -28,6 +28,20 @@
 {% endmacro %}
 
 
+{#- Whether table `identifier` exists in `schema` (`[catalog.]namespace`): one `show tables` narrowed to its name. A
+    bronze table is looked up so, not through dbt's relation cache (adapter.get_relation), which dbt fills for the
+    selected models' schemas only: its miss on bronze's schema lists all of it, three statements
+    (spark__list_relations_without_caching above). A name the pattern would not read literally is looked for in
+    the whole listing. -#}
+{% macro table_exists(schema, identifier) -%}
+  {%- set pattern = identifier if modules.re.fullmatch('[A-Za-z0-9_]+', identifier) else '*' -%}
+  {%- for row in run_query('show tables in ' ~ schema ~ " like '" ~ pattern ~ "'").rows if not row[2] and row[1] | lower == identifier | lower -%}
+    {{ return(true) }}
+  {%- endfor -%}
+  {{ return(false) }}
+{%- endmacro %}
+
+
 {#- Whether the session's current catalog is an Iceberg catalog (which holds Iceberg tables only). -#}
 {% macro is_iceberg_catalog() -%}
   {%- set catalog = run_query('select current_catalog()').rows[0][0] -%}

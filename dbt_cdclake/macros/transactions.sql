@@ -31,11 +31,10 @@
   {%- if name is none %}{{ return(none) }}{% endif -%}
   {%- set parts = name.split('.') -%}
   {%- set schema, identifier = (parts[0], parts[1]) if parts | length == 2 else (bronze.schema, name) -%}
-  {%- set relation = adapter.get_relation(database=bronze.database, schema=schema, identifier=identifier) -%}
-  {%- if relation is none -%}
+  {%- if not cdclake.table_exists(schema, identifier) -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': complete_transactions names " ~ schema ~ "." ~ identifier ~ ", which does not exist: it is the bronze table of the connector's transaction topic (<prefix>.transaction, with provide.transaction.metadata=true), which cdclake ingest must read too") }}
   {%- endif -%}
-  {{ return(relation) }}
+  {{ return(api.Relation.create(database=bronze.database, schema=schema, identifier=identifier, type='table')) }}
 {%- endmacro %}
 
 
