@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -588,6 +589,25 @@ def test_changes_above_the_applied_position_skip_the_lookup_but_late_ones_do_not
     # And a late one again (below 62) is looked up and stays void.
     harness.apply(topic, [Change(U, 2, 55, "stale2"), Change(U, 3, 63, "r2")], dumps)
     assert harness.silver(topic) == {1: "x3", 2: "y2", 3: "r2"} == topic.expected()
+
+    # The applied position moves to bronze's greatest order (its snapshot summary), which no change is above: the
+    # batch's positions are not read for it. Where the summary does not say (bronze compacted since, another
+    # writer's append), the batch's greatest position is read as before; a late change is still looked up.
+    def applied() -> dict[str, Any]:
+        properties = load_catalog(harness.settings).load_table(f"silver.{topic.table}").properties
+        return dict(json.loads(properties["cdclake.applied_position"]))
+
+    assert applied() == {"o": [63, 63, -1], "r": 4, "f": 2**63 - 1}
+    harness.land(topic, [Change(U, 1, 70, "x4")], dumps)
+    harness.spark.sql(
+        f"call lake.system.rewrite_data_files(table => 'bronze.{topic.table}', options => map('min-input-files', '1'))"
+    )
+    assert harness.build(topic)
+    position = applied()
+    assert (position["o"], position["r"]) == ([70, 70, -1], 2), position
+    assert position["f"] < 2**63 - 1, position
+    harness.apply(topic, [Change(U, 1, 69, "late4")], dumps)
+    assert harness.silver(topic) == {1: "x4", 2: "y2", 3: "r2"} == topic.expected()
 
 
 def test_soft_deletes_keep_the_row_flagged(harness: SilverHarness, dumps: Path) -> None:

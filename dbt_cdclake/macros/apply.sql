@@ -149,11 +149,13 @@
 
 {#-
   What the batch asks for: keys to remove from silver, rows to insert, tombstones to update or retire,
-  tombstones to add; the new applied position (JSON): the greatest of the old one and the batch's; and its rows
-  with a null key part (none, usually).
+  tombstones to add; the new applied position (JSON): the greatest of the old one and the batch's, or of the old
+  one and `bound` (a position no change of the unit is above, JSON), which spares reading the batch's positions
+  (arrays, which Iceberg reads row by row: 0.1 s of a 100k-row batch's 0.25-0.3 s); and its rows with a null key
+  part (none, usually).
 -#}
-{% macro batch_stats_sql(batch, layout, delete_mode, applied_position) -%}
-  {%- set greatest = 'max(' ~ cdclake.position('s') ~ ')' -%}
+{% macro batch_stats_sql(batch, layout, delete_mode, applied_position, bound=none) -%}
+  {%- set greatest = 'max(' ~ cdclake.position('s') ~ ')' if bound is none else cdclake.position_literal(bound) -%}
   select
     count(*),
     {%- if delete_mode == 'hard' %}

@@ -187,12 +187,14 @@
   count of truncate records `cdclake ingest` keeps in each snapshot's summary (`cdclake.truncates-total`; None
   where a snapshot has none), 'end_records', 'start_records': bronze's row count at `end` and `start` (Iceberg's
   `total-records`), 'end_regressions', 'start_regressions': the running count of appends that held a change not
-  newer than every change before them (`cdclake.order-regressions-total`; None where a snapshot has none)}. Main's
+  newer than every change before them (`cdclake.order-regressions-total`; None where a snapshot has none),
+  'end_order_max': the greatest `_cdc_order` of bronze's changes up to `end` (JSON, `cdclake.order-max`; None where
+  the snapshot has none)}. Main's
   snapshot is looked up among the snapshots: read from two loads of the table metadata, a summary from before main
   moved is missing (None), never another snapshot's.
 -#}
 {% macro bronze_snapshots(bronze, start) -%}
-  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none, 'start_records': none, 'end_regressions': none, 'start_regressions': none} -%}
+  {%- set unwritten = {'end': none, 'start_known': false, 'end_truncates': none, 'start_truncates': none, 'end_unavailable': none, 'start_unavailable': none, 'end_records': none, 'start_records': none, 'end_regressions': none, 'start_regressions': none, 'end_order_max': none} -%}
   {%- if not cdclake.table_exists(bronze.schema, bronze.identifier) -%}
     {{ log("cdclake: bronze table " ~ bronze ~ " does not exist yet (no change landed)", info=true) }}
     {{ return(unwritten) }}
@@ -201,10 +203,10 @@
   {%- set unavailable = "summary['cdclake.unavailable-total']" -%}
   {%- set regressions = "summary['cdclake.order-regressions-total']" -%}
   {%- set start_id = 'null' if start is none else (start | int) -%}
-  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id], s.unavailable[" ~ start_id ~ "], s.unavailable[r.snapshot_id], s.records[r.snapshot_id], s.records[" ~ start_id ~ "], s.regressions[" ~ start_id ~ "], s.regressions[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals, map_from_entries(collect_list(struct(snapshot_id, " ~ unavailable ~ "))) as unavailable, map_from_entries(collect_list(struct(snapshot_id, summary['total-records']))) as records, map_from_entries(collect_list(struct(snapshot_id, " ~ regressions ~ "))) as regressions from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
+  {%- set rows = run_query("select r.snapshot_id, s.known, s.totals[" ~ start_id ~ "], s.totals[r.snapshot_id], s.unavailable[" ~ start_id ~ "], s.unavailable[r.snapshot_id], s.records[r.snapshot_id], s.records[" ~ start_id ~ "], s.regressions[" ~ start_id ~ "], s.regressions[r.snapshot_id], s.order_max[r.snapshot_id] from " ~ bronze ~ ".refs r cross join (select count_if(snapshot_id = " ~ start_id ~ ") as known, map_from_entries(collect_list(struct(snapshot_id, " ~ total ~ "))) as totals, map_from_entries(collect_list(struct(snapshot_id, " ~ unavailable ~ "))) as unavailable, map_from_entries(collect_list(struct(snapshot_id, summary['total-records']))) as records, map_from_entries(collect_list(struct(snapshot_id, " ~ regressions ~ "))) as regressions, map_from_entries(collect_list(struct(snapshot_id, summary['cdclake.order-max']))) as order_max from " ~ bronze ~ ".snapshots) s where r.name = 'main'").rows -%}
   {%- if not rows -%}{{ return(unwritten) }}{%- endif -%}
   {%- set row = rows[0] -%}
-  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2], 'end_unavailable': row[5], 'start_unavailable': row[4], 'end_records': row[6], 'start_records': row[7], 'start_regressions': row[8], 'end_regressions': row[9]}) }}
+  {{ return({'end': row[0] | string, 'start_known': row[1] > 0, 'end_truncates': row[3], 'start_truncates': row[2], 'end_unavailable': row[5], 'start_unavailable': row[4], 'end_records': row[6], 'start_records': row[7], 'start_regressions': row[8], 'end_regressions': row[9], 'end_order_max': row[10]}) }}
 {%- endmacro %}
 
 

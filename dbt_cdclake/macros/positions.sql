@@ -35,6 +35,15 @@
 {%- endmacro %}
 
 
+{#- A position (JSON) at or above that of every change whose `_cdc_order` is at most `order` (JSON text of an
+    array: bronze's `cdclake.order-max`): that order with the greatest op rank and offset. None when not known. -#}
+{% macro order_bound_position(order) -%}
+  {%- set parts = none if order in (none, '') else fromjson(order) -%}
+  {%- if parts is none or parts is string or parts is mapping or parts | length == 0 %}{{ return(none) }}{% endif -%}
+  {{ return(tojson({'o': parts, 'r': 4, 'f': 9223372036854775807})) }}
+{%- endmacro %}
+
+
 {#-
   The greatest position silver (and the tombstones) hold, as JSON: after a first run, and once for a table made
   before cdclake.applied_position.

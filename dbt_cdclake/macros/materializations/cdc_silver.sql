@@ -28,8 +28,8 @@
   2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
      (batch_schema; the next run to succeed drops it): per touched key the row silver must hold (for a hard
      delete, the key and its position). Silver and the tombstones are looked up only for the touched keys
-     (broadcast semi-joins), silver's positions only for changes at or below `cdclake.applied_position` (the
-     greatest position ever applied): a change above it is newer than anything silver holds (and when bronze's
+     (broadcast semi-joins), silver's positions only for changes at or below `cdclake.applied_position` (no
+     applied change is above it): a change above it is newer than anything silver holds (and when bronze's
      snapshots show every change of the unit newer than all before it, unit_after_start, silver is not read).
      Changes not newer than the latest truncate (this unit's or the one stored in `cdclake.truncated_before`) are
      void. One query over the batch counts what is to do;
@@ -256,7 +256,10 @@
           a change the position of an earlier one (a primary-key change's delete). -#}
       {%- do layout.update({'unit_after_applied': held is none and folded == changes and cdclake.unit_after_start(snapshots, start)}) -%}
       {% do run_query(cdclake.batch_sql(batch, layout, input_sql, target, tombstones, delete_mode, applied_position, truncate, broadcast)) %}
-      {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position)).rows[0] -%}
+      {#- The applied position moves up to bronze's greatest order so far when bronze's snapshots know it (an upper
+          bound of the unit's positions, which is all the lookups above need of it), else to the batch's greatest. -#}
+      {%- set bound = cdclake.order_bound_position(snapshots.end_order_max) -%}
+      {%- set stats = run_query(cdclake.batch_stats_sql(batch, layout, delete_mode, applied_position, bound)).rows[0] -%}
       {%- set new_position = stats[4] -%}
       {#- Without a null key in the batch, its keys match silver's with `=` (a faster join, the same rows). -#}
       {%- set null_safe = stats[5] > 0 -%}
