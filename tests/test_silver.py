@@ -334,18 +334,34 @@ def test_replaced_and_new_keys_move_main_once(harness: SilverHarness, dumps: Pat
 
 
 def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps: Path) -> None:
-    """A run killed between its staged DELETE and the fast-forward leaves a cdclake_apply_* branch (main untouched);
-    the next run drops it and applies the unit again."""
+    """A run killed between its staged DELETE and the fast-forward leaves its batch table and its cdclake_apply_*
+    branch (main untouched); the next run applies the unit again and drops both once its commits are done. A run
+    after a finished one drops no branch but its own, and lists no refs."""
     topic = harness.topic("leftover")
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
     before = harness.silver_snapshot(topic)
     table = f"silver.{topic.table}"
-    harness.spark.sql(f"alter table {table} create branch cdclake_apply_killed")
-    harness.spark.sql(f"delete from {table}.branch_cdclake_apply_killed where id = 1")
+    killed = "0123456789abcdef0123456789abcdef"  # the killed run's invocation id
+    harness.spark.sql(
+        f"create table cdclake_scratch.silver.{topic.table}__cdc_batch_{killed} using iceberg as select 1 as id"
+    )
+    harness.spark.sql(f"alter table {table} create branch cdclake_apply_{killed}")
+    harness.spark.sql(f"delete from {table}.branch_cdclake_apply_{killed} where id = 1")
     assert harness.silver(topic) == {1: "a", 2: "b"}  # main: the old state
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
     harness.apply(topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], dumps)
     assert harness.silver(topic) == {1: "a2", 2: "b", 3: "c"} == topic.expected()
     assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
+    assert f"drop branch if exists cdclake_apply_{killed}" in log.read_bytes()[start:].decode()
+    tables = [row["tableName"] for row in harness.spark.sql("show tables in cdclake_scratch.silver").collect()]
+    assert f"{topic.table}__cdc_batch_{killed}" not in tables
+    start = log.stat().st_size
+    harness.apply(topic, [Change(U, 2, 5, "b2")], dumps)
+    statements = log.read_bytes()[start:].decode()
+    assert statements.count("drop branch if exists") == 1, statements  # its own
+    assert ".refs" not in statements
+    assert harness.silver(topic) == {1: "a2", 2: "b2", 3: "c"} == topic.expected()
 
 
 @pytest.mark.parametrize("batch_catalog", [None, "lake"])

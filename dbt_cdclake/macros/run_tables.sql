@@ -41,7 +41,8 @@
     `<batch schema>.<model>__cdc_batch_<invocation>` (`name` without the schema), after which scratch_table names
     the others; `schemas`, where drop_batch_tables looks for earlier runs' tables: this run's schema and the one
     the previous run recorded in `cdclake.batch_schema` (`previous_schema`; before that property, silver's
-    namespace) if it differs and its catalog is defined in this session. -#}
+    namespace) if it differs and its catalog is defined in this session; `previous_id`: the run that last recorded
+    what it applied (`cdclake.run_id`, run_id_property). -#}
 {% macro run_tables(target, properties) -%}
   {%- set id = invocation_id | replace('-', '') -%}
   {%- set batch_schema = cdclake.batch_schema(target) -%}
@@ -55,7 +56,7 @@
       {{ log("cdclake: the previous run of " ~ target.identifier ~ " left its batch table in " ~ previous ~ ", whose catalog this session does not define: it stays there", info=true) }}
     {%- endif -%}
   {%- endif -%}
-  {{ return({'id': id, 'schema': batch_schema, 'name': name, 'batch': batch_schema ~ '.' ~ name, 'schemas': schemas, 'previous_schema': previous}) }}
+  {{ return({'id': id, 'schema': batch_schema, 'name': name, 'batch': batch_schema ~ '.' ~ name, 'schemas': schemas, 'previous_schema': previous, 'previous_id': properties.get('cdclake.run_id')}) }}
 {%- endmacro %}
 
 
@@ -75,23 +76,41 @@
 
 
 {#-
-  Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `schemas`
+  Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `run.schemas`
   (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
   own until the next, for a look at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files in a JDBC
   or REST catalog. Called once this run's commits are done: a run overlapping this one may lose its table and fail
   (the next run applies what it did not), but a run that fails drops nothing, so two overlapping runs cannot drop
   each other's tables and both fail.
+  A run that did not finish may also have left its branch (`cdclake_apply_<its id>`, create_apply_branch; made
+  after its batch table): that of each table's run but this one and the one that recorded what it applied
+  (`run.previous_id`), whose branches are gone, is dropped too. A branch would keep its snapshots from expiry.
+  (Found so, rather than by listing silver's refs at every run: a metadata query, 0.05-0.1 s.)
 -#}
-{% macro drop_batch_tables(target, schemas, keep) -%}
+{% macro drop_batch_tables(target, run, keep) -%}
   {#- The names runs give them (older versions: without the invocation, or a shorter one), and nothing else (a
       cdc_silver model may not hold `__cdc_` in its name, check_options, but another table may). Catalogs that fold
       names to lower case list them so. -#}
-  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_[0-9a-f]+(_folded|_folding|_history|_history_events|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types|_held(_moves|_keys[0-9]+)?)?)?', modules.re.IGNORECASE) -%}
-  {%- for schema in schemas -%}
+  {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_(?P<run>[0-9a-f]+)(_folded|_folding|_history|_history_events|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types|_held(_moves|_keys[0-9]+)?)?)?', modules.re.IGNORECASE) -%}
+  {%- set unfinished = [] -%}
+  {%- for schema in run.schemas -%}
     {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and batch_name.fullmatch(row[1]) and row[1] != keep -%}
       {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+      {%- set id = batch_name.fullmatch(row[1]).group('run') -%}
+      {%- if id and id | lower not in [run.id, run.previous_id] + unfinished %}{% do unfinished.append(id | lower) %}{% endif -%}
     {%- endfor -%}
   {%- endfor -%}
+  {%- for id in unfinished -%}
+    {{ log("cdclake: dropping branch " ~ cdclake.apply_branch_prefix() ~ id ~ " of " ~ target ~ " if a run that did not finish left it", info=true) }}
+    {% do cdclake.drop_apply_branch(target, cdclake.apply_branch_prefix() ~ id) %}
+  {%- endfor -%}
+{%- endmacro %}
+
+
+{#- `, 'cdclake.run_id' = '<id>'`: this run (run_tables' `id`) recorded what it applied, its branch dropped before
+    (drop_batch_tables need not drop it). -#}
+{% macro run_id_property(run) -%}
+  , 'cdclake.run_id' = '{{ run.id }}'
 {%- endmacro %}
 
 
@@ -136,14 +155,4 @@
 
 {% macro drop_apply_branch(target, branch) -%}
   {% do run_query('alter table ' ~ target ~ ' drop branch if exists ' ~ branch) %}
-{%- endmacro %}
-
-
-{#- Drops the branches a killed run left (cdclake_apply_*, create_apply_branch): they would keep their snapshots from
-    expiry. -#}
-{% macro drop_apply_branches(target) -%}
-  {%- for row in run_query('select name from ' ~ target ~ ".refs where type = 'BRANCH' and startswith(name, '" ~ cdclake.apply_branch_prefix() ~ "')").rows -%}
-    {{ log("cdclake: dropping branch " ~ row[0] ~ " of " ~ target ~ ", left by a run that did not finish", info=true) }}
-    {% do cdclake.drop_apply_branch(target, cdclake.quote(row[0])) %}
-  {%- endfor -%}
 {%- endmacro %}

@@ -167,8 +167,6 @@
     {%- set input_sql = cdclake.with_key_changes(sql | replace(bronze | string, changes), layout.input_columns, layout.key_moves, layout.extra_columns) -%}
     {%- set truncates = cdclake.scd2_truncates(bronze, sql, input_sql, start, properties.get('cdclake.truncated_before'), probe=not cdclake.truncate_free(snapshots, start)) -%}
     {%- if truncates.unit %}{% do cdclake.refuse_truncate_across_topics(bronze, sql, input_sql, end, target) %}{% endif -%}
-    {#- A branch left by a killed run (between its first write and the fast-forward) holds nothing main needs. -#}
-    {%- if existing is not none %}{% do cdclake.drop_apply_branches(target) %}{% endif -%}
     {#- A truncate in the unit touches every key with a version open at it: not broadcast. -#}
     {%- set broadcast = broadcast and not truncates.unit -%}
     {%- set main_sql = cdclake.scd2_prepare(input_sql, layout, target, tombstones, existing, delete_mode, truncates, replacing, broadcast) -%}
@@ -188,10 +186,10 @@
     {%- if truncates.stored and truncates.stored != properties.get('cdclake.truncated_before') %}{% set recorded = recorded ~ ", 'cdclake.truncated_before' = '" ~ truncates.stored ~ "'" %}{% endif -%}
     {#- A table made before silver_table_properties had it (a property the user set stays). -#}
     {%- if existing is not none and 'write.delete.distribution-mode' not in properties %}{% set recorded = recorded ~ ", 'write.delete.distribution-mode' = 'none'" %}{% endif -%}
-    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed) ~ ")") %}
+    {% do run_query("alter table " ~ target ~ " set tblproperties (" ~ cdclake.applied_snapshot_properties(snapshots) ~ recorded ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed) ~ cdclake.run_id_property(run) ~ ")") %}
     {%- if replacing %}{% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, (['cdclake.truncated_before'] if truncates.stored else []) + (['cdclake.held_transactions'] if completed.held else [])) %}{% endif -%}
     {#- And the tables of runs that failed, once this run's commits are done (see drop_batch_tables). -#}
-    {% do cdclake.drop_batch_tables(target, run.schemas, none) %}
+    {% do cdclake.drop_batch_tables(target, run, none) %}
   {%- else -%}
     {%- set run = cdclake.run_tables(target, properties) -%}
     {%- set completed = cdclake.without_incomplete_transactions(bronze, cdclake.without_excluded_changes(cdclake.changes_view(bronze, start, end, checked=true)), start, end, properties, cdclake.scratch_table({'run_tables': run.batch}, 'held')) -%}
@@ -240,8 +238,6 @@
       {#- Every position the new tables hold is at most this: later runs need not look up newer changes. -#}
       {%- set new_position = run_query(cdclake.held_position_sql(target, tombstones, delete_mode)).rows[0][0] -%}
     {%- else -%}
-      {#- A branch left by a killed run (between its DELETE and the fast-forward) holds nothing main needs. -#}
-      {% do cdclake.drop_apply_branches(target) %}
       {%- set applied_position = properties.get('cdclake.applied_position') -%}
       {%- if applied_position is none -%}
         {#- A table from before cdclake.applied_position: its bound, once, from what silver and tombstones hold. -#}
@@ -302,7 +298,7 @@
       {%- endif -%}
     {%- endif -%}
     {% do cdclake.drop_folded_images(layout, folded) %}
-    {%- set updates = [cdclake.applied_snapshot_properties(snapshots) ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed)] -%}
+    {%- set updates = [cdclake.applied_snapshot_properties(snapshots) ~ cdclake.signature_property(layout, properties) ~ cdclake.held_transactions_property(completed) ~ cdclake.run_id_property(run)] -%}
     {%- if new_position is not none %}{% do updates.append("'cdclake.applied_position' = '" ~ cdclake.position_json(new_position) ~ "'") %}{% endif -%}
     {%- if truncate %}{% do updates.append("'cdclake.truncated_before' = '" ~ truncate.stored ~ "'") %}{% endif -%}
     {%- if existing is not none and run.schema != run.previous_schema %}{% do updates.append("'cdclake.batch_schema' = '" ~ run.schema ~ "'") %}{% endif -%}
@@ -315,7 +311,7 @@
       {% do cdclake.forget_replaced_state(target, tombstones, history, delete_mode, kept) %}
     {%- endif -%}
     {%- if existing is not none -%}
-      {% do cdclake.drop_batch_tables(target, run.schemas, run.name) %}
+      {% do cdclake.drop_batch_tables(target, run, run.name) %}
     {%- elif completed.get('table') -%}
       {% do run_query('drop table if exists ' ~ completed.table ~ ' purge') %}
     {%- endif -%}
