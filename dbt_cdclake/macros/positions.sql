@@ -40,6 +40,8 @@
 {% macro order_bound_position(order) -%}
   {%- set parts = none if order in (none, '') else fromjson(order) -%}
   {%- if parts is none or parts is string or parts is mapping or parts | length == 0 %}{{ return(none) }}{% endif -%}
+  {#- (position_literal renders each part as an integer: anything else would not bound the unit.) -#}
+  {%- for part in parts if part is not none and (part is not number or part is boolean) %}{{ return(none) }}{% endfor -%}
   {{ return(tojson({'o': parts, 'r': 4, 'f': 9223372036854775807})) }}
 {%- endmacro %}
 
