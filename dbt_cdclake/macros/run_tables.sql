@@ -94,10 +94,13 @@
   {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_(?P<run>[0-9a-f]+)(_folded|_folding|_history|_history_events|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types|_held(_moves|_keys[0-9]+)?)?)?', modules.re.IGNORECASE) -%}
   {%- set unfinished = [] -%}
   {%- for schema in run.schemas -%}
-    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and batch_name.fullmatch(row[1]) and row[1] != keep -%}
-      {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
-      {%- set id = batch_name.fullmatch(row[1]).group('run') -%}
-      {%- if id and id | lower not in [run.id, run.previous_id] + unfinished %}{% do unfinished.append(id | lower) %}{% endif -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1] != keep -%}
+      {%- set name = batch_name.fullmatch(row[1]) -%}
+      {%- if name -%}
+        {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+        {%- set id = (name.group('run') or '') | lower -%}
+        {%- if id and id not in [run.id, run.previous_id] + unfinished %}{% do unfinished.append(id) %}{% endif -%}
+      {%- endif -%}
     {%- endfor -%}
   {%- endfor -%}
   {%- for id in unfinished -%}
