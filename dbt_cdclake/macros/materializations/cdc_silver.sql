@@ -39,11 +39,11 @@
      cannot broadcast the changes.) A unit of hard deletes only is staged the same way;
   4. tombstones: a matched-only MERGE for touched keys that have one, an INSERT for new ones; each skipped when
      there is nothing to do;
-  5. `cdclake.bronze_snapshot_id` (and `cdclake.bronze_records`), `cdclake.applied_position` and
-     `cdclake.truncated_before` are set in one commit: a run killed before re-applies the same unit, which is
-     idempotent;
-  6. the batch tables other runs left are dropped, only now: a run that fails drops none, so two overlapping runs
-     cannot each drop the other's and both fail.
+  5. `cdclake.bronze_snapshot_id` (and `cdclake.bronze_records`), `cdclake.applied_position`,
+     `cdclake.truncated_before` and `cdclake.run_id` are set in one commit: a run killed before re-applies the same
+     unit, which is idempotent;
+  6. the batch tables other runs left are dropped, only now, with the branches of runs that did not finish: a run
+     that fails drops none, so two overlapping runs cannot each drop the other's and both fail.
 
   Its macros, by concern: apply.sql (the batch and the statements of steps 2-4), positions.sql, truncates.sql,
   run_tables.sql (this run's tables and branch, the guards between runs), silver_properties.sql (step 5 and the
