@@ -586,14 +586,8 @@ def _lists_equal_to(lists: pa.Array, expected: list[int]) -> pa.Array:
 
 
 def truncates_total(table: Table) -> int | None:
-    """The running count of truncate records up to the table's current snapshot (see ``running_total``)."""
-    return running_total(table, TRUNCATES_PROPERTY)
-
-
-def running_total(table: Table, key: str) -> int | None:
-    """A running count (``key``: truncates, unavailable values, order regressions) up to the table's current
-    snapshot (0 for a table without one); see ``running_values``."""
-    value = running_values(table, {key: "0"})[key]
+    """The running count of truncate records up to the table's current snapshot (see ``running_values``)."""
+    value = running_values(table, {TRUNCATES_PROPERTY: "0"})[TRUNCATES_PROPERTY]
     return None if value is None else int(value)
 
 
