@@ -72,8 +72,16 @@ def test_idempotent_reruns_and_replays(harness: SilverHarness, dumps: Path) -> N
     harness.apply(topic, changes, dumps)
     assert harness.silver(topic) == {1: "a2"}
     before = harness.silver_snapshot(topic)
+    log = harness.project / "logs" / "dbt.log"
+    start = log.stat().st_size
     assert harness.build(topic)  # nothing new: no commit at all
     assert harness.silver_snapshot(topic) == before
+    # Found up to date from bronze's table properties alone: no Spark job reads its metadata tables.
+    statements = log.read_bytes()[start:].decode()
+    assert "is up to date with" in statements
+    assert f"show tblproperties bronze.{topic.table}" in statements
+    assert f"bronze.{topic.table}.snapshots" not in statements
+    assert f"bronze.{topic.table}.refs" not in statements
     # At-least-once: the same changes land again (new offsets, same positions) -> same silver.
     harness.apply(topic, changes, dumps)
     assert harness.silver(topic) == {1: "a2"}
@@ -771,6 +779,9 @@ def test_relations_are_listed_without_describing_every_table(harness: SilverHarn
     # Bronze's table is looked up by name (relations.sql, table_exists), not by listing all of bronze for dbt's cache.
     assert f"show tables in bronze like '{topic.table}'" in statements
     assert "show tables in bronze like '*'" not in statements
+    # Main's snapshot is bronze's current-snapshot-id property; the summaries of it and the applied one are read.
+    assert f"bronze.{topic.table}.refs" not in statements
+    assert f"from bronze.{topic.table}.snapshots where snapshot_id in (" in statements
     assert f"describe extended silver.{other.table}" not in statements
     assert f"describe extended bronze.{other.table}" not in statements
     assert harness.silver(topic) == {1: "b"}
