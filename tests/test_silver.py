@@ -784,6 +784,12 @@ def test_relations_are_listed_without_describing_every_table(harness: SilverHarn
     assert f"from bronze.{topic.table}.snapshots where snapshot_id in (" in statements
     assert f"describe extended silver.{other.table}" not in statements
     assert f"describe extended bronze.{other.table}" not in statements
+    # The model's columns and the fields of bronze's structs: one probe (bronze.sql, input_columns), and no setting
+    # for DESCRIBE when no type comes out cut.
+    assert statements.count("describe query select * from (select key.*, true as _cdc_end_of_fields, ") == 1
+    assert f"select key.* from bronze.{topic.table} where false" not in statements
+    assert f"select after.* from bronze.{topic.table} where false" not in statements
+    assert "maxToStringFields" not in statements
     assert harness.silver(topic) == {1: "b"}
     # Found as an existing Iceberg table: the run added to its snapshots instead of creating it again.
     assert harness.rows(f"silver.{topic.table}.snapshots", "snapshot_id", "committed_at")[: len(created)] == created
@@ -1279,6 +1285,24 @@ def test_a_model_column_named_like_an_image_column_fails_the_run(harness: Silver
     model.write_text("{{ config(materialized='cdc_silver', exclude_columns=['v']) }}\n" + sql)
     assert harness.build(topic)
     assert harness.rows(f"silver.{topic.table}", "id, v", "id") == [{"id": 1, "v": "a"}]
+
+
+def test_a_model_column_named_like_the_layout_probes_marker(harness: SilverHarness, dumps: Path) -> None:
+    """The fields of bronze's structs and the model's columns are read from one `describe query`, each struct's
+    fields closed by a column `_cdc_end_of_fields`; a model column of that name is not taken for one (the run asks
+    each part on its own) and lands in silver like any column the model adds."""
+    topic = harness.topic("marker")
+    harness.land(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
+    harness.write_model(topic)
+    model = harness.project / "models" / "silver" / f"{topic.table}.sql"
+    sql = f"select *, upper(after.v) as _cdc_end_of_fields from {{{{ source('bronze', '{topic.table}') }}}}\n"
+    model.write_text("{{ config(materialized='cdc_silver') }}\n" + sql)
+    assert harness.build(topic)
+    harness.land(topic, [Change(U, 1, 3, "a2"), Change(D, 2, 4)], dumps)
+    assert harness.build(topic)
+    rows = harness.rows(f"silver.{topic.table}", "id, v, n, _cdc_end_of_fields", "id")
+    assert [(r["id"], r["v"], r["_cdc_end_of_fields"]) for r in rows] == [(1, "a2", "A2")]
+    assert rows[0]["n"] == 3
 
 
 def test_a_unit_over_broadcast_max_changes_is_joined_without_broadcasting(harness: SilverHarness, dumps: Path) -> None:

@@ -283,6 +283,8 @@ def test_a_widened_type_beyond_describes_field_limit_widens_silver(harness: Silv
     value beyond int's range failed the run (a float widened to double would have been rounded silently)."""
     topic = harness.topic("wide")
     last = f"f{WIDE - 1}"
+    # The run raises Spark's setting only when DESCRIBE cuts a type (bronze.sql): not raised before, by another test.
+    harness.spark.conf.unset("spark.sql.debug.maxToStringFields")
     land_wide(harness, topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], tmp_path, "int32")
     harness.write_model(topic)
     assert harness.build(topic)

@@ -12,17 +12,20 @@
 
 
 {#- Column name -> Spark type text. DESCRIBE cuts a struct's type after spark.sql.debug.maxToStringFields fields
-    (25 by default): a change past them (a widened column of a wide row) would not show. The setting only shortens
-    debug and plan strings, so it is raised for the session (once per run: see run_memo). -#}
+    (25 by default) with `... <n> more fields`: a change past them (a widened column of a wide row) would not show.
+    The setting only shortens debug and plan strings: it is raised for the session when a type comes out cut, and
+    the table described again (most tables are narrower: no statement for it). -#}
 {% macro describe_columns(relation) -%}
   {%- set types = {} -%}
   {%- if not execute %}{{ return(types) }}{% endif -%}
-  {%- set memo = cdclake.run_memo() -%}
-  {%- if not memo.get('max fields raised') -%}
+  {%- set rows = run_query('describe table ' ~ relation).rows -%}
+  {%- set cut = [] -%}
+  {%- for row in rows if row[1] and modules.re.search('[.][.][.] [0-9]+ more fields>', row[1]) %}{% do cut.append(row[0]) %}{% endfor -%}
+  {%- if cut -%}
     {% do run_query('set spark.sql.debug.maxToStringFields = 1000000') %}
-    {% do memo.update({'max fields raised': true}) %}
+    {%- set rows = run_query('describe table ' ~ relation).rows -%}
   {%- endif -%}
-  {%- for row in run_query('describe table ' ~ relation).rows -%}
+  {%- for row in rows -%}
     {%- if row[0] and not row[0].startswith('#') and row[0] not in types -%}{% do types.update({row[0]: row[1]}) %}{%- endif -%}
     {%- if row[0] and row[0].startswith('#') %}{% break %}{% endif -%}
   {%- endfor -%}
@@ -58,6 +61,43 @@
     {% do memo.update({key: run_query('select ' ~ column ~ '.* from ' ~ relation ~ ' where false').column_names | list}) %}
   {%- endif -%}
   {{ return(memo[key]) }}
+{%- endmacro %}
+
+
+{#- The columns of `input_sql` (the model's SQL over this run's changes of `bronze`), asked with the field names of
+    bronze's struct columns (`key`, the images, `source`) in one statement that reads no data: a `describe query` of
+    both, each struct's fields closed by a marker column. Rows rather than a result's columns, whose duplicate names
+    dbt would rename: a field may share its name with another struct's or the input's. The fields are kept for
+    struct_field_names (run_memo). -#}
+{% macro input_columns(bronze, input_sql, types) -%}
+  {%- set memo = cdclake.run_memo() -%}
+  {%- set marker = '_cdc_end_of_fields' -%}
+  {%- set structs = [] -%}
+  {%- set probed = [] -%}
+  {%- for column in ['key', 'before', 'after', 'source'] if types.get(column, '').startswith('struct') and ('fields ' ~ bronze ~ ' ' ~ column) not in memo -%}
+    {%- do structs.append(column) -%}
+    {%- do probed.append(column ~ '.*, true as ' ~ marker) -%}
+  {%- endfor -%}
+  {%- if not structs -%}
+    {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
+  {%- endif -%}
+  {%- set names = [] -%}
+  {%- for row in run_query('describe query select * from (select ' ~ probed | join(', ') ~ ' from ' ~ bronze ~ ' where false) _cdc_fields cross join (' ~ input_sql ~ ') _cdc_input where false').rows -%}
+    {%- do names.append(row[0]) -%}
+  {%- endfor -%}
+  {%- if names | select('equalto', marker) | list | length != structs | length -%}
+    {#- A field or a column of the model named as the marker: each asked on its own. -#}
+    {%- for column in structs %}{% do cdclake.struct_field_names(bronze, column) %}{% endfor -%}
+    {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
+  {%- endif -%}
+  {%- set part = namespace(index=0, start=0) -%}
+  {%- for name in names if name == marker -%}
+    {%- set end = names.index(marker, part.start) -%}
+    {%- do memo.update({'fields ' ~ bronze ~ ' ' ~ structs[part.index]: names[part.start:end]}) -%}
+    {%- set part.index = part.index + 1 -%}
+    {%- set part.start = end + 1 -%}
+  {%- endfor -%}
+  {{ return(names[part.start:]) }}
 {%- endmacro %}
 
 
@@ -120,6 +160,7 @@
 {#- Keys, image columns and expressions for one model. Fails with a clear message for a table without a key. -#}
 {% macro silver_layout(bronze, input_sql) -%}
   {%- set types = cdclake.bronze_columns(bronze) -%}
+  {%- set input_columns = cdclake.input_columns(bronze, input_sql, types) -%}
   {%- set key_type = types.get('key', '') -%}
   {%- set after_type = types.get('after', '') -%}
   {%- set typed_key = key_type.startswith('struct') -%}
@@ -157,7 +198,6 @@
   {%- endif -%}
   {#- Columns the model's SQL adds beyond bronze's (e.g. fields extracted from a MongoDB document). -#}
   {%- set extra_columns = [] -%}
-  {%- set input_columns = run_query('select * from (' ~ input_sql ~ ') where false').column_names | list -%}
   {%- for column in input_columns -%}
     {%- if column not in types and not column.startswith('_change_') and column != '_commit_snapshot_id' -%}{% do extra_columns.append(column) %}{%- endif -%}
   {%- endfor -%}
