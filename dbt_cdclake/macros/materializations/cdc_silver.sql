@@ -114,17 +114,12 @@
     {{ exceptions.warn("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " is partitioned by " ~ properties.get('cdclake.partition_by', 'nothing') ~ ", the model says " ~ (cdclake.partitioning_text() or 'nothing') ~ ": partition_by applies when silver is created; run it with --full-refresh to repartition") }}
   {%- endif -%}
 
-  {%- set start = properties.get('cdclake.bronze_snapshot_id') -%}
-  {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
-  {%- set end = snapshots.end -%}
   {#- Changes held for transactions not complete then (complete_transactions, transactions.sql): bronze is read
       again from where their unit began, even with nothing new in bronze (their END lands in another table). -#}
   {%- set held = cdclake.held_transactions(properties) -%}
-  {%- if held is not none and end is not none -%}
-    {%- set start = held.get('from') -%}
-    {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
-    {%- set end = snapshots.end -%}
-  {%- endif -%}
+  {%- set start = held.get('from') if held is not none else properties.get('cdclake.bronze_snapshot_id') -%}
+  {%- set snapshots = cdclake.bronze_snapshots(bronze, start) -%}
+  {%- set end = snapshots.end -%}
   {%- if end is not none and start is not none and start != end and not snapshots.start_known -%}
     {{ log("cdclake: bronze snapshot " ~ start ~ " applied by " ~ identifier ~ " has been expired; re-reading all of " ~ bronze, info=true) }}
     {%- set start = none -%}
