@@ -90,14 +90,13 @@
     {%- for column in structs %}{% do cdclake.struct_field_names(bronze, column) %}{% endfor -%}
     {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
   {%- endif -%}
-  {%- set part = namespace(index=0, start=0) -%}
-  {%- for name in names if name == marker -%}
-    {%- set end = names.index(marker, part.start) -%}
-    {%- do memo.update({'fields ' ~ bronze ~ ' ' ~ structs[part.index]: names[part.start:end]}) -%}
-    {%- set part.index = part.index + 1 -%}
-    {%- set part.start = end + 1 -%}
+  {#- The names between markers: each struct's fields, in order, then the model's columns. -#}
+  {%- set parts = [[]] -%}
+  {%- for name in names -%}
+    {%- if name == marker %}{% do parts.append([]) %}{% else %}{% do parts[-1].append(name) %}{% endif -%}
   {%- endfor -%}
-  {{ return(names[part.start:]) }}
+  {%- for column in structs %}{% do memo.update({'fields ' ~ bronze ~ ' ' ~ column: parts[loop.index0]}) %}{% endfor -%}
+  {{ return(parts[-1]) }}
 {%- endmacro %}
 
 
