@@ -78,25 +78,24 @@
     {%- do structs.append(column) -%}
     {%- do probed.append(column ~ '.*, true as ' ~ marker) -%}
   {%- endfor -%}
-  {%- if not structs -%}
-    {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
+  {%- if structs -%}
+    {%- set names = [] -%}
+    {%- for row in run_query('describe query select * from (select ' ~ probed | join(', ') ~ ' from ' ~ bronze ~ ' where false) _cdc_fields cross join (' ~ input_sql ~ ') _cdc_input where false').rows -%}
+      {%- do names.append(row[0]) -%}
+    {%- endfor -%}
+    {#- A field or a column of the model named as the marker: the input is asked on its own below, and each
+        struct's fields when needed (struct_field_names). -#}
+    {%- if names | select('equalto', marker) | list | length == structs | length -%}
+      {#- The names between markers: each struct's fields, in order, then the model's columns. -#}
+      {%- set parts = [[]] -%}
+      {%- for name in names -%}
+        {%- if name == marker %}{% do parts.append([]) %}{% else %}{% do parts[-1].append(name) %}{% endif -%}
+      {%- endfor -%}
+      {%- for column in structs %}{% do memo.update({'fields ' ~ bronze ~ ' ' ~ column: parts[loop.index0]}) %}{% endfor -%}
+      {{ return(parts[-1]) }}
+    {%- endif -%}
   {%- endif -%}
-  {%- set names = [] -%}
-  {%- for row in run_query('describe query select * from (select ' ~ probed | join(', ') ~ ' from ' ~ bronze ~ ' where false) _cdc_fields cross join (' ~ input_sql ~ ') _cdc_input where false').rows -%}
-    {%- do names.append(row[0]) -%}
-  {%- endfor -%}
-  {%- if names | select('equalto', marker) | list | length != structs | length -%}
-    {#- A field or a column of the model named as the marker: each asked on its own. -#}
-    {%- for column in structs %}{% do cdclake.struct_field_names(bronze, column) %}{% endfor -%}
-    {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
-  {%- endif -%}
-  {#- The names between markers: each struct's fields, in order, then the model's columns. -#}
-  {%- set parts = [[]] -%}
-  {%- for name in names -%}
-    {%- if name == marker %}{% do parts.append([]) %}{% else %}{% do parts[-1].append(name) %}{% endif -%}
-  {%- endfor -%}
-  {%- for column in structs %}{% do memo.update({'fields ' ~ bronze ~ ' ' ~ column: parts[loop.index0]}) %}{% endfor -%}
-  {{ return(parts[-1]) }}
+  {{ return(run_query('select * from (' ~ input_sql ~ ') where false').column_names | list) }}
 {%- endmacro %}
 
 
