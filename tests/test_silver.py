@@ -776,6 +776,9 @@ def test_relations_are_listed_without_describing_every_table(harness: SilverHarn
     harness.apply(topic, [Change(U, 1, 2, "b")], dumps)
     statements = log.read_bytes()[start:].decode()
     assert "show tables in silver" in statements
+    # The current catalog comes from a command, not from a query (relations.sql, current_catalog).
+    assert "show current namespace" in statements
+    assert "current_catalog()" not in statements
     # Bronze's table is looked up by name (relations.sql, table_exists), not by listing all of bronze for dbt's cache.
     assert f"show tables in bronze like '{topic.table}'" in statements
     assert "show tables in bronze like '*'" not in statements

@@ -44,8 +44,14 @@
 
 {#- Whether the session's current catalog is an Iceberg catalog (which holds Iceberg tables only). -#}
 {% macro is_iceberg_catalog() -%}
-  {%- set catalog = run_query('select current_catalog()').rows[0][0] -%}
-  {{ return(cdclake.spark_setting('spark.sql.catalog.' ~ catalog) == 'org.apache.iceberg.spark.SparkCatalog') }}
+  {{ return(cdclake.spark_setting('spark.sql.catalog.' ~ cdclake.current_catalog()) == 'org.apache.iceberg.spark.SparkCatalog') }}
+{%- endmacro %}
+
+
+{#- The session's current catalog, which every dbt invocation asks while it lists its schemas. `show current
+    namespace` is a command: 9-17 ms a call here, against 34-59 ms for the query `select current_catalog()`. -#}
+{% macro current_catalog() -%}
+  {{ return(run_query('show current namespace').rows[0][0]) }}
 {%- endmacro %}
 
 

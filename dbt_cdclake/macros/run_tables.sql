@@ -24,7 +24,7 @@
   {%- endif -%}
   {%- set catalog = 'cdclake_scratch' -%}
   {%- if cdclake.spark_setting('spark.sql.catalog.' ~ catalog) is none -%}
-    {%- set lake = 'spark.sql.catalog.' ~ run_query('select current_catalog()').rows[0][0] -%}
+    {%- set lake = 'spark.sql.catalog.' ~ cdclake.current_catalog() -%}
     {%- set warehouse = cdclake.spark_setting(lake ~ '.warehouse') -%}
     {%- if warehouse is none or cdclake.spark_setting(lake ~ '.io-impl') is not none -%}
       {{ return(target.schema) }}
