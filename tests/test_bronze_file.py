@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -981,6 +982,34 @@ def test_source_poll_timeout_is_the_wait_of_each_poll(
     pipeline.source.poll = poll  # type: ignore[method-assign]
     assert pipeline._read(once) == []
     assert timeouts == [waited]
+
+
+@pytest.mark.parametrize("lines", [3, None], ids=["a-few-records", "whole-dump"])
+def test_a_drained_dump_waits_from_its_second_empty_poll(
+    lakehouse: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lines: int | None
+) -> None:
+    """The poll that finds a dump's end returns at once, so `--once` stops there (a dump of fewer records than the
+    fast path takes waited the 0.2 s of a `--once` poll first, each run); a service following the dump waits its
+    timeout from the next empty poll on instead of spinning a core."""
+    import ingest.sources.file as file_source
+    from ingest.cli.ingest_cmd import build_pipeline
+
+    dump = tmp_path / "dump.jsonl"
+    dump.write_bytes(b"".join(PG_DUMP.read_bytes().splitlines(keepends=True)[:lines]))
+    slept: list[float] = []
+    # The file source's clock only (the module uses `time.sleep` alone), not every thread's.
+    monkeypatch.setattr(file_source, "time", SimpleNamespace(sleep=slept.append))
+    settings = make_settings(lakehouse, source={"type": "file", "path": str(dump)})
+    stats = build_pipeline(settings).run(once=True)
+    assert stats.records_in == len(dump.read_bytes().splitlines())
+    assert slept == []
+    source = file_source.FileSource(dump)
+    source.start(lambda topic, partition: None)
+    polls = [len(source.poll(100_000, 1.5)) for _ in range(3)]
+    assert polls[0] > 0
+    assert polls[1:] == [0, 0]
+    assert slept == [1.5]  # the third poll's only
+    source.close()
 
 
 def mixed_converters(typed_values: bool) -> tuple[Any, Callable[[dict[str, Any] | None, int, str], Any]]:

@@ -150,6 +150,7 @@ class FileSource:
         self._unfinished: bytes | None = None  # the last line so far, kcat still writing it
         self.repeated = 0  # records skipped because their partition's offsets did not increase
         self._done = False
+        self._empty_polls = 0  # polls in a row that found nothing new
 
     def start(self, resolve: OffsetResolver) -> None:
         self._resolve = resolve
@@ -240,8 +241,11 @@ class FileSource:
                 if len(batch) >= max_records:
                     return batch
         self._done = True
-        if not batch:
-            time.sleep(timeout_s)  # drained: wait like a consumer would, instead of spinning a core
+        self._empty_polls = 0 if batch else self._empty_polls + 1
+        # Drained: wait like a consumer would, instead of spinning a core, but not on the first poll that finds the
+        # end: `--once` stops on it (0.2 s each run of a dump, otherwise).
+        if self._empty_polls > 1:
+            time.sleep(timeout_s)
         return batch
 
     def caught_up(self, once: bool = False) -> bool:
