@@ -1003,12 +1003,18 @@ def test_a_drained_dump_waits_from_its_second_empty_poll(
     stats = build_pipeline(settings).run(once=True)
     assert stats.records_in == len(dump.read_bytes().splitlines())
     assert slept == []
-    source = file_source.FileSource(dump)
+    # Following a dump as kcat writes it: a poll that returns records (a full one too) starts the count again.
+    pg_lines = PG_DUMP.read_bytes().splitlines(keepends=True)
+    followed = tmp_path / "followed.jsonl"
+    followed.write_bytes(b"".join(pg_lines[:2]))
+    source = file_source.FileSource(followed)
     source.start(lambda topic, partition: None)
-    polls = [len(source.poll(100_000, 1.5)) for _ in range(3)]
-    assert polls[0] > 0
-    assert polls[1:] == [0, 0]
+    assert [len(source.poll(100_000, 1.5)) for _ in range(3)] == [2, 0, 0]
     assert slept == [1.5]  # the third poll's only
+    with followed.open("ab") as handle:
+        handle.write(b"".join(pg_lines[2:4]))
+    assert [len(source.poll(1, 1.5)) for _ in range(4)] == [1, 1, 0, 0]
+    assert slept == [1.5, 1.5]
     source.close()
 
 

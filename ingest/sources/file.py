@@ -239,6 +239,7 @@ class FileSource:
             if self._wanted(record, where):
                 batch.append(record)
                 if len(batch) >= max_records:
+                    self._empty_polls = 0
                     return batch
         self._done = True
         self._empty_polls = 0 if batch else self._empty_polls + 1
