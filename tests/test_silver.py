@@ -341,35 +341,68 @@ def test_replaced_and_new_keys_move_main_once(harness: SilverHarness, dumps: Pat
     assert harness.silver(topic) == {1: "a2", 4: "d", 5: "e"} == topic.expected()
 
 
+def run_id(began: dt.datetime) -> str:
+    """The id of a run of a cdc_silver model that began at ``began`` (run_tables.sql, run_id)."""
+    return began.strftime("%Y%m%d%H%M%S") + "0123456789abcdef0123456789abcdef"
+
+
 def test_a_branch_left_by_a_killed_run_is_dropped(harness: SilverHarness, dumps: Path) -> None:
     """A run killed between its staged DELETE and the fast-forward leaves its batch table and its cdclake_apply_*
-    branch (main untouched); the next run applies the unit again and drops both once its commits are done. A run
-    after a finished one drops no branch but its own, and lists no refs."""
+    branch (main untouched); the next run applies the unit again and drops both once its commits are done, if the
+    killed run began over `stale_run_hours` (24) ago or was a run of an older version (whose id carries no time).
+    A younger run's table and branch stay: it may still be going, and dropping them raced with the run dropping
+    its own tables (in CI, a run that had applied its unit failed so). A run after a finished one drops no branch
+    but its own, and lists no refs."""
     topic = harness.topic("leftover")
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
     before = harness.silver_snapshot(topic)
     table = f"silver.{topic.table}"
-    killed = "0123456789abcdef0123456789abcdef"  # the killed run's invocation id
-    harness.spark.sql(
-        f"create table cdclake_scratch.silver.{topic.table}__cdc_batch_{killed} using iceberg as select 1 as id"
-    )
-    harness.spark.sql(f"alter table {table} create branch cdclake_apply_{killed}")
-    harness.spark.sql(f"delete from {table}.branch_cdclake_apply_{killed} where id = 1")
+    now = dt.datetime.now(dt.UTC)
+    # The killed runs' ids: an older version's (the invocation id), one of a run that began 25 hours ago.
+    killed = ["0123456789abcdef0123456789abcdef", run_id(now - dt.timedelta(hours=25))]
+    going = run_id(now - dt.timedelta(hours=23))
+    for run in (*killed, going):
+        harness.spark.sql(
+            f"create table cdclake_scratch.silver.{topic.table}__cdc_batch_{run} using iceberg as select 1 as id"
+        )
+        harness.spark.sql(f"alter table {table} create branch cdclake_apply_{run}")
+    harness.spark.sql(f"create table cdclake_scratch.silver.{topic.table}__cdc_batch_{going}_folded (id int)")
+    harness.spark.sql(f"delete from {table}.branch_cdclake_apply_{killed[0]} where id = 1")
     assert harness.silver(topic) == {1: "a", 2: "b"}  # main: the old state
+
+    def scratch_tables() -> list[str]:
+        rows = harness.spark.sql(f"show tables in cdclake_scratch.silver like '{topic.table}__cdc_batch_*'").collect()
+        return sorted(row["tableName"] for row in rows)
+
+    def refs() -> list[str]:
+        return sorted(row["name"] for row in harness.spark.sql(f"select name from {table}.refs").collect())
+
     log = harness.project / "logs" / "dbt.log"
     start = log.stat().st_size
     harness.apply(topic, [Change(U, 1, 3, "a2"), Change(C, 3, 4, "c")], dumps)
     assert harness.silver(topic) == {1: "a2", 2: "b", 3: "c"} == topic.expected()
-    assert main_steps(harness, topic, before) == [harness.silver_snapshot(topic)]  # no other ref either
-    assert f"drop branch if exists cdclake_apply_{killed}" in log.read_bytes()[start:].decode()
-    tables = [row["tableName"] for row in harness.spark.sql("show tables in cdclake_scratch.silver").collect()]
-    assert f"{topic.table}__cdc_batch_{killed}" not in tables
+    statements = log.read_bytes()[start:].decode()
+    for run in killed:
+        assert f"drop branch if exists cdclake_apply_{run}" in statements
+    assert f"cdclake_apply_{going}" not in statements
+    assert f"leaving the tables of run {going} of {table}, which began 138" in statements  # 23 hours, in minutes
+    assert refs() == [f"cdclake_apply_{going}", "main"]
+    (own,) = [name for name in scratch_tables() if going not in name]  # the run's own batch table
+    assert scratch_tables() == sorted([own, *(f"{topic.table}__cdc_batch_{going}{kind}" for kind in ("", "_folded"))])
+    log_snapshots = [entry.snapshot_id for entry in load_catalog(harness.settings).load_table(table).history()]
+    assert log_snapshots[log_snapshots.index(before) + 1 :] == [harness.silver_snapshot(topic)]
     start = log.stat().st_size
     harness.apply(topic, [Change(U, 2, 5, "b2")], dumps)
     statements = log.read_bytes()[start:].decode()
     assert statements.count("drop branch if exists") == 1, statements  # its own
     assert f"{table}.refs" not in statements
     assert harness.silver(topic) == {1: "a2", 2: "b2", 3: "c"} == topic.expected()
+    # A model whose runs never overlap may say so: whatever a run other than the last one left is dropped at once.
+    harness.apply(topic, [Change(U, 3, 6, "c2")], dumps, "stale_run_hours=0")
+    assert refs() == ["main"]
+    (left,) = scratch_tables()  # the run's own batch table
+    assert going not in left
+    assert harness.silver(topic) == {1: "a2", 2: "b2", 3: "c2"} == topic.expected()
 
 
 @pytest.mark.parametrize("batch_catalog", [None, "lake"])
@@ -425,7 +458,8 @@ def test_a_run_that_fails_drops_no_batch_table_of_another_run(harness: SilverHar
     runs could each drop the other's table right after writing their own, and both failed (seen in CI). Here a run
     fails mid-apply (silver's data file format is one Iceberg cannot write) while the previous run's batch table
     and one of a run still going exist: both stay, and silver is unchanged; the next run that succeeds applies the
-    unit and drops every batch table but its own."""
+    unit and drops every batch table but its own (with `stale_run_hours=0`: by default, the tables of a run that
+    began less than 24 hours ago stay, test_a_branch_left_by_a_killed_run_is_dropped)."""
     topic = harness.topic("failed_run")
     harness.apply(topic, [Change(C, 1, 1, "a"), Change(C, 2, 2, "b")], dumps)
     harness.apply(topic, [Change(U, 1, 3, "a1")], dumps)  # an incremental run: its batch table stays
@@ -436,7 +470,7 @@ def test_a_run_that_fails_drops_no_batch_table_of_another_run(harness: SilverHar
         return {row["tableName"] for row in rows}
 
     (previous,) = batch_tables()
-    running = prefix + "0123456789abcdef0123456789abcdef"
+    running = prefix + run_id(dt.datetime.now(dt.UTC))
     harness.spark.sql(f"create table cdclake_scratch.silver.{running} using iceberg as select 1 as id")
     silver = f"silver.{topic.table}"
     harness.spark.sql(f"alter table {silver} set tblproperties ('write.format.default' = 'no-such-format')")
@@ -447,6 +481,7 @@ def test_a_run_that_fails_drops_no_batch_table_of_another_run(harness: SilverHar
     assert {previous, running} < left, left
     assert len(left) == 3, left  # and the failed run's own
     harness.spark.sql(f"alter table {silver} unset tblproperties ('write.format.default')")
+    harness.write_model(topic, "stale_run_hours=0")
     assert harness.build(topic)
     assert harness.silver(topic) == {1: "a2"} == topic.expected()
     after = batch_tables()
@@ -539,6 +574,10 @@ def test_a_run_overtaken_by_another_applies_nothing(
     assert state() == before
     staged = "startswith(name, 'cdclake_apply_')"
     assert own.rows(f"silver.{topic.table}.refs", "name", where=staged) == []
+    # Nor does it leave its tables (no other run would drop them for a day): only the last run's batch table stays.
+    last = load_catalog(own.settings).load_table(f"silver.{topic.table}").properties["cdclake.run_id"]
+    tables = own.spark.sql(f"show tables in cdclake_scratch.silver like '{topic.table}__cdc_batch_*'").collect()
+    assert {row["tableName"] for row in tables} <= {f"{topic.table}__cdc_batch_{last}"}
     assert own.build(topic)
     assert state() == (topic.expected_history() if history == "scd2" else topic.expected())
 
@@ -1389,6 +1428,7 @@ BAD_OPTIONS = {
     "history='scd2', tombstone_horizon_days=30": "tombstone_horizon_days does not apply to history='scd2' "
     "(deletes are part of the history)",
     "delete_mode='sof'": "delete_mode must be 'hard' or 'soft', not 'sof'",
+    "stale_run_hours=-1": "stale_run_hours must be a whole number of hours (0 or more), not -1",
     "history='scd3'": "history must be 'current' or 'scd2', not 'scd3'",
     "on_schema_change='boom'": "on_schema_change must be 'append_new_columns', 'sync_all_columns', 'ignore' or "
     "'fail', not 'boom'",

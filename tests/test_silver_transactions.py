@@ -461,7 +461,7 @@ def test_a_held_delete_whose_run_was_killed_after_silvers_commit(harness: Silver
     )
     held = source.changes([Change("d", 1, 20)], [("d", 1)])  # d's other change and END are to come
     harness.land_lines("killed-0", [*complete, source.end("a", 4), *held], dumps)
-    source.scaffold(harness, "")
+    source.scaffold(harness, "stale_run_hours=0")  # the run killed below began seconds before the next one
     assert harness.build(topic)
     assert harness.silver(topic) == {1: "a", 2: "a"}
     assert tombstone_keys(harness, topic) == [3]

@@ -45,6 +45,10 @@
   {%- if value is not none and config.get('history') == 'scd2' -%}
     {{ exceptions.raise_compiler_error(prefix ~ "tombstone_horizon_days does not apply to history='scd2' (deletes are part of the history)") }}
   {%- endif -%}
+  {%- set value = config.get('stale_run_hours') -%}
+  {%- if value is not none and (value is boolean or not (value is integer or (value is string and value.isdigit())) or value | int < 0) -%}
+    {{ exceptions.raise_compiler_error(prefix ~ "stale_run_hours must be a whole number of hours (0 or more), not " ~ cdclake.shown(value)) }}
+  {%- endif -%}
   {%- set value = config.get('transaction_timeout_minutes') -%}
   {%- if value is not none and (value is boolean or not (value is integer or (value is string and value.isdigit()))) -%}
     {{ exceptions.raise_compiler_error(prefix ~ "transaction_timeout_minutes must be a whole number of minutes, not " ~ cdclake.shown(value)) }}
@@ -97,7 +101,7 @@
   {%- if config.get('file_format') not in (none, 'iceberg') -%}
     {{ exceptions.warn(prefix ~ "file_format '" ~ config.get('file_format') ~ "' is ignored: silver tables are Iceberg tables") }}
   {%- endif -%}
-  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'broadcast_max_changes', 'batch_catalog', 'history', 'on_schema_change', 'partition_by', 'tblproperties', 'complete_transactions', 'transaction_timeout_minutes'] -%}
+  {%- set known = ['keys', 'delete_mode', 'columns', 'exclude_columns', 'ignore_null_updates', 'unavailable_value', 'exclude_changes', 'tombstone_horizon_days', 'broadcast_max_changes', 'batch_catalog', 'stale_run_hours', 'history', 'on_schema_change', 'partition_by', 'tblproperties', 'complete_transactions', 'transaction_timeout_minutes'] -%}
   {#- `key` for `keys` too; below four letters only that one (dbt's own short configs, `alias` and the like, are longer). -#}
   {%- for name in cdclake.set_options() if name not in known and (name | length >= 4 or name | lower == 'key') -%}
     {#- Names whose lengths differ by more than two are more than two edits apart: not compared. -#}

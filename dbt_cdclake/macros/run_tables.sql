@@ -37,14 +37,14 @@
 {%- endmacro %}
 
 
-{#- This run's tables, decided once per run (batch_schema may run statements): `batch`, its batch table
-    `<batch schema>.<model>__cdc_batch_<invocation>` (`name` without the schema), after which scratch_table names
-    the others; `schemas`, where drop_batch_tables looks for earlier runs' tables: this run's schema and the one
-    the previous run recorded in `cdclake.batch_schema` (`previous_schema`; before that property, silver's
+{#- This run's tables, decided once per run (batch_schema may run statements): `id`, the run's id (run_id); `batch`,
+    its batch table `<batch schema>.<model>__cdc_batch_<id>` (`name` without the schema), after which scratch_table
+    names the others; `schemas`, where drop_batch_tables looks for earlier runs' tables: this run's schema and the
+    one the previous run recorded in `cdclake.batch_schema` (`previous_schema`; before that property, silver's
     namespace) if it differs and its catalog is defined in this session; `previous_id`: the run that last recorded
     what it applied (`cdclake.run_id`, run_id_property). -#}
 {% macro run_tables(target, properties) -%}
-  {%- set id = invocation_id | replace('-', '') -%}
+  {%- set id = cdclake.run_id() -%}
   {%- set batch_schema = cdclake.batch_schema(target) -%}
   {%- set name = target.identifier ~ '__cdc_batch_' ~ id -%}
   {%- set previous = properties.get('cdclake.batch_schema', target.schema) -%}
@@ -60,7 +60,23 @@
 {%- endmacro %}
 
 
-{#- A table of this run next to its batch table (`<model>__cdc_batch_<invocation>_<kind>`; layout.run_tables is the
+{#- A run's id: when the model's run began (UTC, `YYYYMMDDhhmmss`) and dbt's invocation id, in hex digits only, so
+    that it fits in table and branch names. The time tells a later run whether this one may still be going
+    (run_started). -#}
+{% macro run_id() -%}
+  {{ return(modules.datetime.datetime.now(modules.pytz.utc).strftime('%Y%m%d%H%M%S') ~ invocation_id | replace('-', '')) }}
+{%- endmacro %}
+
+
+{#- When the run of id `id` (run_id) began, a UTC datetime; none for the ids of older versions (the invocation id
+    alone), which carry no time. -#}
+{% macro run_started(id) -%}
+  {%- if id | length != 46 or not id[:14].isdigit() %}{{ return(none) }}{% endif -%}
+  {{ return(modules.datetime.datetime.strptime(id[:14], '%Y%m%d%H%M%S').replace(tzinfo=modules.pytz.utc)) }}
+{%- endmacro %}
+
+
+{#- A table of this run next to its batch table (`<model>__cdc_batch_<run id>_<kind>`; layout.run_tables is the
     batch table's name, see run_tables): intermediate results that later statements of the run read. Dropped by the
     run; drop_batch_tables drops those a failed run left. -#}
 {% macro scratch_table(layout, kind) -%}
@@ -79,29 +95,41 @@
   Drops the batch tables of earlier runs (`<model>__cdc_batch*`, all but this run's `keep`) in each of `run.schemas`
   (where this run's batch is and where the previous run's was, kept in `cdclake.batch_schema`; each run keeps its
   own until the next, for a look at what it applied). PURGE: Iceberg's DROP TABLE alone leaves the files in a JDBC
-  or REST catalog. Called once this run's commits are done: a run overlapping this one may lose its table and fail
-  (the next run applies what it did not), but a run that fails drops nothing, so two overlapping runs cannot drop
-  each other's tables and both fail.
+  or REST catalog. Called once this run's commits are done: a run that fails drops nothing.
+  The tables of a run that may still be going stay: those of a run other than this one and the one that recorded
+  what it applied (`run.previous_id`, which has ended) that began less than `stale_run_hours` (default 24) ago.
+  Such a run overlaps this one and drops its own tables as it goes: two statements dropping one table at once can
+  fail (the second finds the first's metadata gone), and in CI a run that had applied its unit failed here so. A
+  run that began before this one's commit cannot apply anyway (check_not_overtaken); one that began over
+  `stale_run_hours` ago is taken as killed.
   A run that did not finish may also have left its branch (`cdclake_apply_<its id>`, create_apply_branch; made
-  after its batch table): that of each table's run but this one and the one that recorded what it applied
-  (`run.previous_id`), whose branches are gone, is dropped too. A branch would keep its snapshots from expiry.
-  (Found so, rather than by listing silver's refs at every run: a metadata query, 0.05-0.1 s.)
+  after its batch table): that of each run whose tables are dropped here, but this one and `run.previous_id`,
+  whose branches are gone, is dropped too. A branch would keep its snapshots from expiry. (Found so, rather than
+  by listing silver's refs at every run: a metadata query, 0.05-0.1 s.)
 -#}
 {% macro drop_batch_tables(target, run, keep) -%}
   {#- The names runs give them (older versions: without the invocation, or a shorter one), and nothing else (a
       cdc_silver model may not hold `__cdc_` in its name, check_options, but another table may). Catalogs that fold
       names to lower case list them so. -#}
   {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_(?P<run>[0-9a-f]+)(_folded|_folding|_history|_history_events|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types|_held(_moves|_keys[0-9]+)?)?)?', modules.re.IGNORECASE) -%}
+  {%- set now = modules.datetime.datetime.now(modules.pytz.utc) -%}
+  {%- set stale_after = modules.datetime.timedelta(hours=config.get('stale_run_hours', 24) | int) -%}
   {%- set unfinished = [] -%}
+  {%- set going = {} -%}
   {%- for schema in run.schemas -%}
-    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1] != keep -%}
-      {%- set name = batch_name.fullmatch(row[1]) -%}
-      {%- if name -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1] != keep and batch_name.fullmatch(row[1]) -%}
+      {%- set id = (batch_name.fullmatch(row[1]).group('run') or '') | lower -%}
+      {%- set started = cdclake.run_started(id) if id not in [run.id, run.previous_id] else none -%}
+      {%- if started is not none and now - started < stale_after -%}
+        {%- do going.update({id: started}) -%}
+      {%- else -%}
         {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
-        {%- set id = (name.group('run') or '') | lower -%}
         {%- if id and id not in [run.id, run.previous_id] + unfinished %}{% do unfinished.append(id) %}{% endif -%}
       {%- endif -%}
     {%- endfor -%}
+  {%- endfor -%}
+  {%- for id, started in going.items() -%}
+    {{ log("cdclake: leaving the tables of run " ~ id ~ " of " ~ target ~ ", which began " ~ ((now - started).total_seconds() // 60) | int ~ " minutes ago and may still be going (a later run drops them once it began over stale_run_hours ago)", info=true) }}
   {%- endfor -%}
   {%- for id in unfinished -%}
     {{ log("cdclake: dropping branch " ~ cdclake.apply_branch_prefix() ~ id ~ " of " ~ target ~ " if a run that did not finish left it", info=true) }}
@@ -117,15 +145,21 @@
 {%- endmacro %}
 
 
-{#- Fails the run (dropping its branch) if another run of the model applied bronze since this one read `properties`,
-    or anything else moved silver's main: its unit of work and applied position are stale. (The fast-forward would
-    fail on a moved main too; this says why, and also catches a run that moved main before this one read the
-    properties but recorded its bronze snapshot after.) -#}
-{% macro check_not_overtaken(target, properties, branch=none) -%}
+{#- Fails the run (dropping its branch, and its tables when `run` is given: run_tables) if another run of the model
+    applied bronze since this one read `properties`, or anything else moved silver's main: its unit of work and
+    applied position are stale. (The fast-forward would fail on a moved main too; this says why, and also catches a
+    run that moved main before this one read the properties but recorded its bronze snapshot after.) The tables go
+    now: no other run drops them for `stale_run_hours` (drop_batch_tables). -#}
+{% macro check_not_overtaken(target, properties, branch=none, run=none) -%}
   {%- set now = cdclake.table_properties(target) -%}
   {%- set moved = now.get('current-snapshot-id') != properties.get('current-snapshot-id') -%}
   {%- if moved or now.get('cdclake.bronze_snapshot_id') != properties.get('cdclake.bronze_snapshot_id') -%}
     {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
+    {%- if run is not none -%}
+      {%- for row in run_query("show tables in " ~ run.schema ~ " like '" ~ run.name ~ "*'").rows if not row[2] -%}
+        {% do run_query('drop table if exists ' ~ run.schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+      {%- endfor -%}
+    {%- endif -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " changed while this run applied bronze from snapshot " ~ properties.get('cdclake.bronze_snapshot_id') ~ " (now " ~ ('at silver snapshot ' ~ now.get('current-snapshot-id') if moved else 'applied up to bronze snapshot ' ~ now.get('cdclake.bronze_snapshot_id')) ~ "): another run of the model, or a write to silver, overtook it. Nothing was applied; run it again.") }}
   {%- endif -%}
 {%- endmacro %}

@@ -25,7 +25,7 @@
 
   An incremental current-state run (docs/silver.md, "How a run applies a unit of work"):
   1. the new bronze rows are Iceberg's incremental append scan of the snapshots since the last run;
-  2. they are decided into `<model>__cdc_batch_<invocation>`, an Iceberg table of this run in the scratch catalog
+  2. they are decided into `<model>__cdc_batch_<run id>`, an Iceberg table of this run in the scratch catalog
      (batch_schema; the next run to succeed drops it): per touched key the row silver must hold (for a hard
      delete, the key and its position). Silver and the tombstones are looked up only for the touched keys
      (broadcast semi-joins), silver's positions only for changes at or below `cdclake.applied_position` (no
@@ -171,7 +171,7 @@
       {%- set branch = cdclake.scd2_stage(target, layout, delete_mode, properties, run.id, broadcast) -%}
       {%- set main_sql = cdclake.fast_forward_sql(target, branch) if branch is not none else 'select 1' -%}
       {#- The versions were decided from silver as this run read it: a run that committed since would be overwritten. -#}
-      {% do cdclake.check_not_overtaken(target, properties, branch) %}
+      {% do cdclake.check_not_overtaken(target, properties, branch, run) %}
     {%- endif -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
@@ -277,12 +277,12 @@
           {#- On the branch too: main moves once per run. -#}
           {% do run_query(cdclake.soft_delete_purge_sql(staged, horizon)) %}
         {%- endif -%}
-        {% do cdclake.check_not_overtaken(target, properties, branch.name) %}
+        {% do cdclake.check_not_overtaken(target, properties, branch.name, run) %}
         {%- call statement('main') -%} {{ cdclake.fast_forward_sql(target, branch.name) }} {%- endcall -%}
         {% do cdclake.drop_apply_branch(target, branch.name) %}
       {%- else -%}
         {#- Nothing to change in silver; its properties still move on (below), which a stale run must not do. -#}
-        {% do cdclake.check_not_overtaken(target, properties) %}
+        {% do cdclake.check_not_overtaken(target, properties, run=run) %}
         {%- call statement('main') -%} select 1 {%- endcall -%}
       {%- endif -%}
       {%- if delete_mode == 'hard' and stats[2] > 0 -%}
