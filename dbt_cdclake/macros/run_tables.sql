@@ -129,7 +129,7 @@
     {%- endfor -%}
   {%- endfor -%}
   {%- for id, started in going.items() -%}
-    {{ log("cdclake: leaving the tables of run " ~ id ~ " of " ~ target ~ ", which began " ~ ((now - started).total_seconds() // 60) | int ~ " minutes ago and may still be going (a later run drops them once it began over stale_run_hours ago)", info=true) }}
+    {{ log("cdclake: leaving the tables of run " ~ id ~ " of " ~ target ~ ", which began " ~ ((now - started).total_seconds() // 60) | int ~ " minutes ago and may still be going (the first run more than stale_run_hours after it began drops them)", info=true) }}
   {%- endfor -%}
   {%- for id in unfinished -%}
     {{ log("cdclake: dropping branch " ~ cdclake.apply_branch_prefix() ~ id ~ " of " ~ target ~ " if a run that did not finish left it", info=true) }}
