@@ -71,7 +71,8 @@
 {#- When the run of id `id` (run_id) began, a UTC datetime; none for the ids of older versions (the invocation id
     alone), which carry no time. -#}
 {% macro run_started(id) -%}
-  {%- if id | length != 46 or not id[:14].isdigit() %}{{ return(none) }}{% endif -%}
+  {#- 14 digits of time, then the invocation id's 32 hex digits. -#}
+  {%- if id | length != 14 + 32 or not id[:14].isdigit() %}{{ return(none) }}{% endif -%}
   {{ return(modules.datetime.datetime.strptime(id[:14], '%Y%m%d%H%M%S').replace(tzinfo=modules.pytz.utc)) }}
 {%- endmacro %}
 
@@ -114,17 +115,21 @@
   {%- set batch_name = modules.re.compile(modules.re.escape(target.identifier) ~ '__cdc_batch(_(?P<run>[0-9a-f]+)(_folded|_folding|_history|_history_events|_moves|_moves_folded|_moves_folding|_moves_done|_moves_earlier|_moved[0-9]*|_types|_held(_moves|_keys[0-9]+)?)?)?', modules.re.IGNORECASE) -%}
   {%- set now = modules.datetime.datetime.now(modules.pytz.utc) -%}
   {%- set stale_after = modules.datetime.timedelta(hours=config.get('stale_run_hours', 24) | int) -%}
+  {%- set this_and_previous = [run.id, run.previous_id] -%}
   {%- set unfinished = [] -%}
   {%- set going = {} -%}
   {%- for schema in run.schemas -%}
-    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1] != keep and batch_name.fullmatch(row[1]) -%}
-      {%- set id = (batch_name.fullmatch(row[1]).group('run') or '') | lower -%}
-      {%- set started = cdclake.run_started(id) if id not in [run.id, run.previous_id] else none -%}
-      {%- if started is not none and now - started < stale_after -%}
-        {%- do going.update({id: started}) -%}
-      {%- else -%}
-        {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
-        {%- if id and id not in [run.id, run.previous_id] + unfinished %}{% do unfinished.append(id) %}{% endif -%}
+    {%- for row in run_query('show tables in ' ~ schema).rows if not row[2] and row[1] != keep -%}
+      {%- set name = batch_name.fullmatch(row[1]) -%}
+      {%- if name -%}
+        {%- set id = (name.group('run') or '') | lower -%}
+        {%- set started = cdclake.run_started(id) if id not in this_and_previous else none -%}
+        {%- if started is not none and now - started < stale_after -%}
+          {%- do going.update({id: started}) -%}
+        {%- else -%}
+          {% do run_query('drop table if exists ' ~ schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+          {%- if id and id not in this_and_previous + unfinished %}{% do unfinished.append(id) %}{% endif -%}
+        {%- endif -%}
       {%- endif -%}
     {%- endfor -%}
   {%- endfor -%}
