@@ -150,21 +150,19 @@
 {%- endmacro %}
 
 
-{#- Fails the run (dropping its branch, and its tables when `run` is given: run_tables) if another run of the model
-    applied bronze since this one read `properties`, or anything else moved silver's main: its unit of work and
-    applied position are stale. (The fast-forward would fail on a moved main too; this says why, and also catches a
-    run that moved main before this one read the properties but recorded its bronze snapshot after.) The tables go
+{#- Fails the run (dropping its branch and the tables of `run`, run_tables) if another run of the model applied
+    bronze since this one read `properties`, or anything else moved silver's main: its unit of work and applied
+    position are stale. (The fast-forward would fail on a moved main too; this says why, and also catches a run
+    that moved main before this one read the properties but recorded its bronze snapshot after.) The tables go
     now: no other run drops them for `stale_run_hours` (drop_batch_tables). -#}
-{% macro check_not_overtaken(target, properties, branch=none, run=none) -%}
+{% macro check_not_overtaken(target, properties, run, branch=none) -%}
   {%- set now = cdclake.table_properties(target) -%}
   {%- set moved = now.get('current-snapshot-id') != properties.get('current-snapshot-id') -%}
   {%- if moved or now.get('cdclake.bronze_snapshot_id') != properties.get('cdclake.bronze_snapshot_id') -%}
     {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
-    {%- if run is not none -%}
-      {%- for row in run_query("show tables in " ~ run.schema ~ " like '" ~ run.name ~ "*'").rows if not row[2] -%}
-        {% do run_query('drop table if exists ' ~ run.schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
-      {%- endfor -%}
-    {%- endif -%}
+    {%- for row in run_query("show tables in " ~ run.schema ~ " like '" ~ run.name ~ "*'").rows if not row[2] -%}
+      {% do run_query('drop table if exists ' ~ run.schema ~ '.' ~ cdclake.quote(row[1]) ~ ' purge') %}
+    {%- endfor -%}
     {{ exceptions.raise_compiler_error("cdc_silver model '" ~ model.name ~ "': " ~ target ~ " changed while this run applied bronze from snapshot " ~ properties.get('cdclake.bronze_snapshot_id') ~ " (now " ~ ('at silver snapshot ' ~ now.get('current-snapshot-id') if moved else 'applied up to bronze snapshot ' ~ now.get('cdclake.bronze_snapshot_id')) ~ "): another run of the model, or a write to silver, overtook it. Nothing was applied; run it again.") }}
   {%- endif -%}
 {%- endmacro %}

@@ -171,7 +171,7 @@
       {%- set branch = cdclake.scd2_stage(target, layout, delete_mode, properties, run.id, broadcast) -%}
       {%- set main_sql = cdclake.fast_forward_sql(target, branch) if branch is not none else 'select 1' -%}
       {#- The versions were decided from silver as this run read it: a run that committed since would be overwritten. -#}
-      {% do cdclake.check_not_overtaken(target, properties, branch, run) %}
+      {% do cdclake.check_not_overtaken(target, properties, run, branch) %}
     {%- endif -%}
     {%- call statement('main') -%} {{ main_sql }} {%- endcall -%}
     {%- if branch is not none %}{% do cdclake.drop_apply_branch(target, branch) %}{% endif -%}
@@ -277,12 +277,12 @@
           {#- On the branch too: main moves once per run. -#}
           {% do run_query(cdclake.soft_delete_purge_sql(staged, horizon)) %}
         {%- endif -%}
-        {% do cdclake.check_not_overtaken(target, properties, branch.name, run) %}
+        {% do cdclake.check_not_overtaken(target, properties, run, branch.name) %}
         {%- call statement('main') -%} {{ cdclake.fast_forward_sql(target, branch.name) }} {%- endcall -%}
         {% do cdclake.drop_apply_branch(target, branch.name) %}
       {%- else -%}
         {#- Nothing to change in silver; its properties still move on (below), which a stale run must not do. -#}
-        {% do cdclake.check_not_overtaken(target, properties, run=run) %}
+        {% do cdclake.check_not_overtaken(target, properties, run) %}
         {%- call statement('main') -%} select 1 {%- endcall -%}
       {%- endif -%}
       {%- if delete_mode == 'hard' and stats[2] > 0 -%}
