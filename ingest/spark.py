@@ -14,6 +14,13 @@ from ingest.jvm_archive import driver_spark_conf
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # each suspect setting once per process
 
+# HotSpot's JIT for a driver that runs only short builds over a few rows (the demo, cdclake's tests): the quick
+# compiler (C1) alone, with the code cache tiered compilation would have had (C1 alone reserves 48 MB, which Spark's
+# generated classes fill; methods flushed are then compiled again). On 2 cores the optimizing compiler (C2) took
+# about half such a driver's CPU time, for code that runs a few times. Large units of work need C2: the shipped
+# settings keep the JDK's default. Measured in docs/architecture.md ("The JIT") and docs/reliability.md.
+SHORT_RUN_JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+
 
 def prepare_driver_process(settings: Settings) -> None:
     """What the process needs before a driver starts in it (idempotent; spark_session calls it)."""

@@ -15,6 +15,7 @@ from ingest.config import Settings, load_settings
 from ingest.lakehouse import load_catalog
 from ingest.pipeline import Pipeline
 from ingest.sources.file import FileSource
+from ingest.spark import SHORT_RUN_JIT_OPTIONS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 os.environ.setdefault("TZ", "UTC")
@@ -35,8 +36,8 @@ if os.environ.get("CI"):
 # two SCD2 tests took 65 s of JVM CPU instead of 103. C1 alone reserves only 48 MB for compiled code, which Spark's
 # generated classes fill: the code cache sweeper then flushed methods that C1 compiled again (34 of 145 JVM
 # CPU-seconds in those two threads for test_silver_schema_changes.py, 140 s; with 240 MB, tiered compilation's
-# default, 94 CPU-seconds and 113 s). JIT settings; the Spark ones follow.
-TEST_JAVA_OPTIONS = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+# default, 94 CPU-seconds and 113 s). JIT settings (the demo's too); the Spark ones follow.
+TEST_JAVA_OPTIONS = f"-Duser.timezone=UTC {SHORT_RUN_JIT_OPTIONS}"
 # Spark's execution strategy for statements over a few rows, not its semantics: compiling generated code (whole-stage
 # and per expression; factoryMode is the switch Spark's own tests use for its interpreted paths) and re-planning each
 # stage adaptively cost more than the rows. Nine test_silver.py tests: 140 s and 126 JVM CPU-seconds with spark_conf's

@@ -609,6 +609,26 @@ def test_the_demo_writes_a_config_its_suggested_commands_can_use(tmp_path: Path)
     assert written.lakehouse.warehouse == str(tmp_path / "lakehouse" / "warehouse")
 
 
+def test_the_demos_driver_compiles_with_c1_and_keeps_the_shipped_java_options(tmp_path: Path) -> None:
+    """The demo's builds are a few hundred changes each: its driver runs the JIT of short runs. Its Java options
+    replace the shipped ones (a setting of cdclake.yml overrides spark_conf/), so they must carry the shipped ones
+    too: without `-Duser.timezone=UTC` the JVM would read and write timestamps in the machine's zone."""
+    from ingest.demo import demo_settings
+    from ingest.jvm_archive import driver_spark_conf
+    from ingest.lakehouse import PROJECT_ROOT, read_spark_defaults
+    from ingest.spark import SHORT_RUN_JIT_OPTIONS
+
+    demo_settings(tmp_path / "lakehouse", "127.0.0.1:9092", ["server1.transaction"], tmp_path / "dbt_project")
+    written = load_settings(tmp_path / "lakehouse" / "cdclake-demo.yml", environ={})
+    options = driver_spark_conf(written)["spark.driver.extraJavaOptions"].split()
+    shipped = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf")["spark.driver.extraJavaOptions"]
+    assert "-Duser.timezone=UTC" in shipped.split()
+    for option in [*shipped.split(), *SHORT_RUN_JIT_OPTIONS.split()]:
+        assert option in options
+    assert "-XX:TieredStopAtLevel=1" in options
+    assert any(option.startswith("-Dlog4j2.configurationFile=") for option in options)
+
+
 @pytest.mark.parametrize(
     ("uri", "message"),
     [

@@ -1,7 +1,7 @@
 """`make demo` (`cdclake demo`), the README's first command, run as a user runs it: broker, fake Db2, Informix,
 Oracle and MongoDB streams, ingest, scaffold, `dbt build`, and its own check of silver against each source's final
 state; then `cdclake demo --more`, which applies another round incrementally. In a child process: the demo starts
-Spark with the shipped settings on a lakehouse of its own."""
+Spark with the shipped settings (the JIT of short runs aside) on a lakehouse of its own."""
 
 from __future__ import annotations
 
