@@ -54,8 +54,8 @@ def demo_settings(root: Path, bootstrap: str, topics: list[str], project_dir: Pa
     of them, `cdclake dbt` and `scaffold` included, reads the same lakehouse and dbt project).
 
     Its driver runs the shipped Spark settings with the JIT of short runs (SHORT_RUN_JIT_OPTIONS): its builds are
-    a few hundred changes. The demo and `--more` (tests/test_demo.py) then took 64-67 s and 65-69 s of CPU,
-    against 72-75 s and 107-112 s with the JDK's default JIT (measured 2026-12-06, two runs each)."""
+    a few hundred changes. The demo and `--more` (tests/test_demo.py) then took 65-69 s of CPU in 64-67 s,
+    against 107-112 s of CPU in 72-75 s with the JDK's default JIT (measured 2026-12-06, two runs each)."""
     from ingest.lakehouse import PROJECT_ROOT, read_spark_defaults
     from ingest.spark import SHORT_RUN_JIT_OPTIONS
 

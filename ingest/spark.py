@@ -18,7 +18,7 @@ _warned: set[str] = set()  # each suspect setting once per process
 # compiler (C1) alone, with the code cache tiered compilation would have had (C1 alone reserves 48 MB, which Spark's
 # generated classes fill; methods flushed are then compiled again). On 2 cores the optimizing compiler (C2) took
 # about half such a driver's CPU time, for code that runs a few times. Large units of work need C2: the shipped
-# settings keep the JDK's default. Measured in docs/architecture.md ("The JIT") and docs/reliability.md.
+# settings keep the JDK's default. Measured in docs/architecture.md ("The Spark driver's start").
 SHORT_RUN_JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
