@@ -5,9 +5,7 @@
 # DBT_WORKERS processes of their own, since dbt's session adapter shares its process's SparkSession. The other
 # tests (broker, ingest, CLI) mostly wait, on group sessions, timeouts and child processes (33% of two cores when
 # they ran alone, 6.8 minutes): they run beside them in one process, which logs to a file printed (and removed)
-# at the end. That process runs at a lower priority (nice 10): the dbt tests are the suite's critical path, and
-# where both want a core, theirs comes first; the other part, minutes shorter, takes longer but still ends first
-# (docs/reliability.md, "The suite's time").
+# at the end.
 #
 # Usage: scripts/test_suite.sh [PYTEST_ARGS...]   Env: PY (the venv's python), DBT_WORKERS (default 2).
 set -uo pipefail
@@ -22,7 +20,7 @@ log="$(mktemp -t cdclake-tests-XXXXXX.log)"
 echo "tests without dbt: running beside the dbt tests, logged to $log (printed when both are done)"
 # A script's background job ignores SIGINT unless told otherwise: Ctrl-C must reach both parts, so that each pytest
 # stops and tears its fixtures down (brokers, JVMs). Stopped with SIGTERM, this script interrupts it likewise.
-( trap - INT; exec nice -n 10 "$PY" -m pytest -m "not dbt and not slow" --durations=15 "$@" >"$log" 2>&1 ) &
+( trap - INT; exec "$PY" -m pytest -m "not dbt and not slow" --durations=15 "$@" >"$log" 2>&1 ) &
 others=$!
 trap 'wait "$others"; exit 130' INT
 trap 'kill -INT "$others" 2>/dev/null; wait "$others"; exit 143' TERM
