@@ -1,4 +1,9 @@
-"""docs/benchmarks.md: each benchmark owns one `## ` section and rewrites only that one."""
+"""docs/benchmarks.md: each benchmark owns one `## ` section and rewrites only that one.
+
+What a run's figures do not say (where a target stands and why, what each part costs, what was tried) is written by
+hand in docs/benchmark-notes.md, under the same headings: a `--write` run replaces its section whole, so notes kept
+there would be lost with every run.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,17 @@ import re
 from pathlib import Path
 
 BENCHMARKS_DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+NOTES_DOC = BENCHMARKS_DOC.with_name("benchmark-notes.md")
+
+
+def notes_line(heading: str) -> str:
+    """The last line of a generated section: a link to the notes by hand under the same heading in NOTES_DOC."""
+    title = heading.removeprefix("## ").strip()
+    anchor = re.sub(r"[^a-z0-9 -]", "", title.lower()).replace(" ", "-")  # GitHub's heading anchors
+    return (
+        f"Notes by hand on this run and the earlier ones (where the target stands and why, what each part costs, "
+        f"what was tried): [{NOTES_DOC.name}, {title}]({NOTES_DOC.name}#{anchor})."
+    )
 
 
 def replace_section(heading: str, section: str, path: Path = BENCHMARKS_DOC) -> None:

@@ -47,11 +47,12 @@ from typing import Any
 
 import orjson
 
-from bench.docs import BENCHMARKS_DOC, replace_section
+from bench.docs import BENCHMARKS_DOC, notes_line, replace_section
 from ingest.broker import Record, TansuBroker
 from ingest.pipeline import POLL_BATCH
 
 DOCS = BENCHMARKS_DOC
+SECTION = "## Ingest"
 ORDERS_TOPIC = "benchdb.inventory.orders"
 CUSTOMERS_TOPIC = "benchdb.inventory.customers"
 PARTITIONS = 3
@@ -584,7 +585,7 @@ def render_markdown(reports: list[Report]) -> str:
     schema = sample.index(b',"payload":') - len(b'{"schema":')
     payload = len(sample) - schema - len(b'{"schema":,"payload":}')
     lines = [
-        "## Ingest",
+        SECTION,
         "",
         "Reproduce with `make bench` (`python -m bench`; `--events N`, default 1,000,000, as `make bench "
         'BENCH_ARGS="--events N"`); this part alone: `python -m bench.ingest_bench --repeat 3` (`--table orders` for '
@@ -637,12 +638,13 @@ def render_markdown(reports: list[Report]) -> str:
     notes = [f"{report.results.batches}: {note}" for report in reports for note in report.results.notes]
     if notes:
         lines += ["", *[f"Note: {note}." for note in notes]]
+    lines += ["", notes_line(SECTION)]
     return "\n".join(lines) + "\n"
 
 
 def write_docs(section: str, path: Path = DOCS) -> None:
     """Replace the "Ingest" section of ``path`` (or create the file); other sections stay as they are."""
-    replace_section("## Ingest", section, path)
+    replace_section(SECTION, section, path)
 
 
 def _verdict(results: Results) -> str:

@@ -49,7 +49,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.docs import BENCHMARKS_DOC, replace_section
+from bench.docs import BENCHMARKS_DOC, notes_line, replace_section
 from ingest.bronze.order_watermark import ORDER_MAX_PROPERTY, ORDER_REGRESSIONS_PROPERTY
 from ingest.bronze.rows import CHANGE_FIELDS, COORDINATE_FIELDS, PARTITION_SOURCE_COLUMN, UTC_US
 from ingest.bronze.tables import (
@@ -945,7 +945,7 @@ def render_markdown(results: Results) -> str:
             "|---|---|",
             *[f"| {s.seconds:.2f} | `{s.label.replace('|', '/')}` |" for s in biggest.cdc.top(8) if s.seconds >= 0.05],
         ]
-    lines += ["", f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} on {machine_note(results)}."]
+    lines += ["", f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} on {machine_note(results)}.", "", notes_line(SECTION)]
     return "\n".join(lines) + "\n"
 
 

@@ -96,6 +96,24 @@ def test_a_benchmark_rewrites_only_its_own_section(tmp_path: Path) -> None:
     assert path.read_text() == "# Benchmarks\n\n## Merge (silver)\n\nm2\n| a | b |\n\n## Ingest\n\ni2\n"
 
 
+def test_each_benchmark_section_links_its_notes_by_hand() -> None:
+    """A `--write` run replaces its section of docs/benchmarks.md whole, so the notes written by hand on the runs
+    live in docs/benchmark-notes.md under the same headings, and each generated section ends with a link there."""
+    import re
+
+    from bench.docs import BENCHMARKS_DOC, NOTES_DOC, notes_line
+
+    assert notes_line("## Merge (silver)").endswith("(benchmark-notes.md#merge-silver).")
+    text = BENCHMARKS_DOC.read_text()
+    sections = re.findall(r"^(## .+?)[ \t]*\n(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    assert [heading for heading, _ in sections] == ["## Ingest", "## Merge (silver)"]
+    for heading, body in sections:
+        assert body.rstrip("\n").endswith(notes_line(heading)), heading
+        assert "written by hand" not in body.lower(), f"{heading}: notes by hand belong in {NOTES_DOC.name}"
+    notes_headings = re.findall(r"^## .+$", NOTES_DOC.read_text(), flags=re.MULTILINE)
+    assert notes_headings == [heading for heading, _ in sections]
+
+
 def test_configuration_examples_in_the_docs_validate(tmp_path: Path) -> None:
     """Every cdclake.yml example (a YAML block whose top-level keys are settings sections) loads as written, with
     the environment variables it references set: a copied example must not fail validation."""

@@ -274,7 +274,7 @@ select * from dropped
   interval changes, and those that go, are deleted, and the new and changed versions inserted. Not one MERGE:
   Spark 3.5 plans a MERGE with an insert clause as a right outer join, which shuffles all of silver, and its
   updates read every column of every row (15-18 s a run over 11M versions, where the DELETE, which reads the key
-  and position columns, and the INSERT took 4 s; docs/benchmarks.md). When silver has a column the run does not
+  and position columns, and the INSERT took 4 s; docs/benchmark-notes.md). When silver has a column the run does not
   write (one the model no longer selects), the changed versions are updated in place instead, by a MERGE that
   only matches, so that they keep its values.
 -#}
