@@ -56,13 +56,11 @@ def demo_settings(root: Path, bootstrap: str, topics: list[str], project_dir: Pa
     Its driver runs the shipped Spark settings with the JIT of short runs (SHORT_RUN_JIT_OPTIONS): its builds are
     a few hundred changes. The demo and `--more` (tests/test_demo.py) then took 65-69 s of CPU in 64-67 s,
     against 107-112 s of CPU in 72-75 s with the JDK's default JIT (measured 2026-12-06, two runs each)."""
-    from ingest.lakehouse import PROJECT_ROOT, read_spark_defaults
+    from ingest.lakehouse import EMBEDDED_SPARK_CONF, read_spark_defaults
     from ingest.spark import SHORT_RUN_JIT_OPTIONS
 
     root.mkdir(parents=True, exist_ok=True)
-    shipped = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf").get(
-        "spark.driver.extraJavaOptions", ""
-    )
+    shipped = read_spark_defaults(EMBEDDED_SPARK_CONF).get("spark.driver.extraJavaOptions", "")
     config = {
         "lakehouse": {"warehouse": str(root / "warehouse"), "catalog_uri": f"sqlite:///{root / 'catalog.db'}"},
         "source": {"type": "kafka", "bootstrap_servers": bootstrap, "topics": topics, "group_id": "cdclake-demo"},

@@ -18,6 +18,8 @@ from ingest.config import SECRET_KEY_PATTERN, Settings, redact, uri_secrets
 from ingest.errors import CatalogUnavailableError, ConfigError, SetupError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The shipped Spark settings every lakehouse starts from, before the derived ones and cdclake.yml's (spark_conf).
+EMBEDDED_SPARK_CONF = PROJECT_ROOT / "spark_conf" / "embedded.conf"
 RUNTIME_DIR_ENV = "CDCLAKE_RUNTIME_DIR"
 
 
@@ -263,7 +265,7 @@ def local_warehouse_on_cluster(settings: Settings) -> str | None:
 def spark_conf(settings: Settings) -> dict[str, str]:
     """Every Spark setting of this lakehouse: static defaults (with those of a local master: spark_conf/local.conf),
     derived catalog, jars, then user overrides."""
-    conf = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf")
+    conf = read_spark_defaults(EMBEDDED_SPARK_CONF)
     if is_local_master(spark_master(settings)):
         conf.update(read_spark_defaults(PROJECT_ROOT / "spark_conf" / "local.conf"))
     conf.update(jdbc_catalog_conf(settings))

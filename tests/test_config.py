@@ -615,13 +615,13 @@ def test_the_demos_driver_compiles_with_c1_and_keeps_the_shipped_java_options(tm
     too: without `-Duser.timezone=UTC` the JVM would read and write timestamps in the machine's zone."""
     from ingest.demo import demo_settings
     from ingest.jvm_archive import driver_spark_conf
-    from ingest.lakehouse import PROJECT_ROOT, read_spark_defaults
+    from ingest.lakehouse import EMBEDDED_SPARK_CONF, read_spark_defaults
     from ingest.spark import SHORT_RUN_JIT_OPTIONS
 
     demo_settings(tmp_path / "lakehouse", "127.0.0.1:9092", ["server1.transaction"], tmp_path / "dbt_project")
     written = load_settings(tmp_path / "lakehouse" / "cdclake-demo.yml", environ={})
     options = driver_spark_conf(written)["spark.driver.extraJavaOptions"].split()
-    shipped = read_spark_defaults(PROJECT_ROOT / "spark_conf" / "embedded.conf")["spark.driver.extraJavaOptions"]
+    shipped = read_spark_defaults(EMBEDDED_SPARK_CONF)["spark.driver.extraJavaOptions"]
     assert "-Duser.timezone=UTC" in shipped.split()
     for option in [*shipped.split(), *SHORT_RUN_JIT_OPTIONS.split()]:
         assert option in options
