@@ -203,8 +203,9 @@ class SourceSettings(_Section):
         description=(
             "Any librdkafka consumer setting (security.protocol, sasl.*, ssl.*). cdclake sets auto.offset.reset to "
             "error: a partition whose bronze offset the topic no longer holds stops ingest; earliest accepts the gap. "
-            "Refused, since they break exactly-once: auto.offset.reset latest, isolation.level read_uncommitted, "
-            "enable.partition.eof false."
+            "It also sets fetch.queue.backoff.ms to 10 (librdkafka: 1000), so that a reader catching up is not left "
+            "waiting for its next fetch. Refused, since they break exactly-once: auto.offset.reset latest, "
+            "isolation.level read_uncommitted, enable.partition.eof false."
         ),
     )
     path: str | None = Field(default=None, description="For type=file: the JSON-lines dump to read.")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from ingest.broker import TansuBroker
 from ingest.cli.ingest_cmd import build_pipeline
@@ -19,7 +20,7 @@ from ingest.config import SourceSettings
 from ingest.debezium.envelope import RawRecord
 from ingest.fakes import build_stream
 from ingest.pipeline import Pipeline
-from ingest.sources.kafka import JOIN_GRACE_S, GroupJoinTimeoutError, KafkaSource
+from ingest.sources.kafka import JOIN_GRACE_S, GroupJoinTimeoutError, KafkaSource, consumer_config
 from tests.kafka_fixtures import ONE_RECORD_BATCHES, broker, kafka_settings, publish, retopic, unique  # noqa: F401 - the session broker
 from tests.processes import wait_until
 
@@ -180,6 +181,25 @@ def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported(
             if runner.ident is not None:  # started
                 runner.join(30)
     assert not any(runner.is_alive() for runner in runners), "a member did not stop"
+
+
+def test_a_drained_prefetch_queue_is_fetched_again_at_once_unless_the_user_says_otherwise() -> None:
+    """librdkafka stops fetching a partition whose prefetch queue is full and waits fetch.queue.backoff.ms before it
+    fetches again: 1 s by default, which left a reader that drains the queue faster waiting in consume() and capped
+    catch-up at ~140k events/s even for a bare consumer (docs/benchmark-notes.md). cdclake waits 10 ms; a user's
+    value still wins, and librdkafka accepts both."""
+    from confluent_kafka import Consumer
+
+    default = consumer_config(SourceSettings(bootstrap_servers="127.0.0.1:1", topics=["t"]))
+    assert default["fetch.queue.backoff.ms"] == 10
+    users = consumer_config(
+        SourceSettings(
+            bootstrap_servers="127.0.0.1:1", topics=["t"], consumer={"fetch.queue.backoff.ms": SecretStr("1000")}
+        )
+    )
+    assert users["fetch.queue.backoff.ms"] == "1000"
+    for config in (default, users):
+        Consumer(config).close()
 
 
 def test_partitions_new_to_the_subscription_get_the_whole_handover_grace() -> None:
