@@ -183,7 +183,7 @@ def test_the_lag_of_a_partition_handed_to_another_member_is_no_longer_reported(
     assert not any(runner.is_alive() for runner in runners), "a member did not stop"
 
 
-def test_a_drained_prefetch_queue_is_fetched_again_at_once_unless_the_user_says_otherwise() -> None:
+def test_a_full_prefetch_queue_is_fetched_again_after_10_ms_unless_the_user_says_otherwise() -> None:
     """librdkafka stops fetching a partition whose prefetch queue is full and waits fetch.queue.backoff.ms before it
     fetches again: 1 s by default, which left a reader that drains the queue faster waiting in consume() and capped
     catch-up at ~140k events/s even for a bare consumer (docs/benchmark-notes.md). cdclake waits 10 ms; a user's
