@@ -39,7 +39,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
@@ -395,8 +395,16 @@ def _broker_pid(broker: TansuBroker) -> int | None:
     return broker.pid
 
 
-def raw_consume(broker: TansuBroker, results: Results) -> None:
-    """A bare consumer with cdclake's librdkafka settings; assigned directly (no group join), from the start."""
+def raw_consume(
+    broker: TansuBroker,
+    results: Results,
+    overrides: Mapping[str, Any] | None = None,
+    between_polls: Callable[[], None] | None = None,
+) -> float:
+    """A bare consumer with cdclake's librdkafka settings; assigned directly (no group join), from the start.
+
+    For bench.prefetch_probe: ``overrides`` of those settings, ``between_polls`` run after each poll that returned
+    something; returns the seconds spent inside ``consume()`` from the first record on."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
     from ingest.config import SourceSettings
@@ -404,16 +412,20 @@ def raw_consume(broker: TansuBroker, results: Results) -> None:
 
     topic = TABLES[results.table].topic
     settings = SourceSettings(bootstrap_servers=broker.bootstrap_servers, topics=[topic], group_id="bench-raw")
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(consumer_config(settings) | dict(overrides or {}))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(results.partitions)])
     seen = 0
     at_eof: set[int] = set()
     started: float | None = None
-    cpu = broker_cpu = 0.0
+    cpu = broker_cpu = in_consume = 0.0
     checksum = 0
     while len(at_eof) < results.partitions:
+        began = time.perf_counter()
         # The same batch size the pipeline polls with (ingest.pipeline.POLL_BATCH).
-        for message in consumer.consume(num_messages=POLL_BATCH, timeout=1.0):
+        messages = consumer.consume(num_messages=POLL_BATCH, timeout=1.0)
+        if started is not None:
+            in_consume += time.perf_counter() - began
+        for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
@@ -429,6 +441,8 @@ def raw_consume(broker: TansuBroker, results: Results) -> None:
             message.topic()
             message.headers()  # bronze keeps them (_cdc_headers): --context-headers runs pay for them here too
             seen += 1
+        if between_polls is not None and messages:
+            between_polls()
     finished = time.perf_counter()
     results.raw_cpu_s = _cpu_seconds() - cpu
     results.raw_broker_cpu_s = _cpu_seconds(_broker_pid(broker)) - broker_cpu
@@ -436,6 +450,7 @@ def raw_consume(broker: TansuBroker, results: Results) -> None:
     if seen != results.events:
         results.notes.append(f"raw consumer read {seen} events, expected {results.events}")
     results.raw_consume_s = finished - (started or finished)
+    return in_consume
 
 
 def ingest(broker: TansuBroker, results: Results, root: Path, profile: Path | None, group_id: str) -> None:

@@ -1,10 +1,10 @@
 """How librdkafka's prefetch keeps up with a reader that works between polls (docs/benchmark-notes.md, Ingest).
 
-Publishes the ingest benchmark's events once, then reads them with bare consumers (cdclake's librdkafka settings,
-polls of ``POLL_BATCH``) that sleep after each poll, as the read loop's own work would leave librdkafka's threads
-the time to fetch. For each ``fetch.queue.backoff.ms`` it prints the rate, the time spent inside ``consume()`` and
-the median and largest prefetch queue (``fetchq_cnt`` in librdkafka's statistics, every 100 ms). With librdkafka's
-default of 1,000 ms the queue sits empty most of the time and ``consume()`` waits; cdclake sets 10 ms.
+Publishes the ingest benchmark's events once, then reads them with its bare consumer (``raw_consume``: cdclake's
+librdkafka settings, polls of ``POLL_BATCH``), sleeping after each poll, as the read loop's own work would leave
+librdkafka's threads the time to fetch. For each ``fetch.queue.backoff.ms`` it prints the rate, the time spent inside
+``consume()`` and the median and largest prefetch queue (``fetchq_cnt`` in librdkafka's statistics, every 100 ms). With
+librdkafka's default of 1,000 ms the queue sits empty most of the time and ``consume()`` waits; cdclake sets 10 ms.
 
     python -m bench.prefetch_probe [--events N] [--compression lz4]
 """
@@ -20,11 +20,8 @@ from typing import Any
 
 import orjson
 
-from bench.ingest_bench import PARTITIONS, TABLES, Results, produce
+from bench.ingest_bench import PARTITIONS, TABLES, Results, produce, raw_consume
 from ingest.broker import TansuBroker
-from ingest.config import SourceSettings
-from ingest.pipeline import POLL_BATCH
-from ingest.sources.kafka import consumer_config
 
 BACKOFFS_MS = (1000, 10)  # librdkafka's default, cdclake's
 SLEEPS_S = (0.0, 0.015)  # a bare reader; one that works 15 ms (3 s per 1M events) between polls
@@ -34,15 +31,14 @@ SLEEPS_S = (0.0, 0.015)  # a bare reader; one that works 15 ms (3 s per 1M event
 class Probe:
     backoff_ms: int
     sleep_s: float
-    events: int
-    seconds: float
+    rate: float
     in_consume_s: float
     queued: list[int]
 
     def row(self) -> str:
         median = int(statistics.median(self.queued)) if self.queued else 0
         return (
-            f"  {self.backoff_ms:>10,} ms  {self.sleep_s * 1000:>5.0f} ms  {self.events / self.seconds:>12,.0f}/s"
+            f"  {self.backoff_ms:>10,} ms  {self.sleep_s * 1000:>5.0f} ms  {self.rate:>12,.0f}/s"
             f"  {self.in_consume_s:>9.2f} s  {median:>10,}  {max(self.queued, default=0):>10,}"
         )
 
@@ -57,41 +53,19 @@ def _queued(stats_json: str) -> int:
     )
 
 
-def probe(broker: TansuBroker, topic: str, backoff_ms: int, sleep_s: float) -> Probe:
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-    settings = SourceSettings(bootstrap_servers=broker.bootstrap_servers, topics=[topic], group_id="bench-probe")
+def probe(broker: TansuBroker, events: int, backoff_ms: int, sleep_s: float) -> Probe:
+    """The benchmark's raw consumer (``raw_consume``) with this backoff, sleeping ``sleep_s`` after each poll."""
+    results = Results(events, PARTITIONS, "customers")
     queued: list[int] = []
-    config = consumer_config(settings) | {
+    overrides = {
         "fetch.queue.backoff.ms": backoff_ms,
         "statistics.interval.ms": 100,
         "stats_cb": lambda stats_json: queued.append(_queued(stats_json)),
     }
-    consumer = Consumer(config)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    seen, at_eof, in_consume = 0, set[int](), 0.0
-    started: float | None = None
-    while len(at_eof) < PARTITIONS:
-        began = time.perf_counter()
-        messages = consumer.consume(num_messages=POLL_BATCH, timeout=1.0)
-        if started is not None:
-            in_consume += time.perf_counter() - began
-        for message in messages:
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    at_eof.add(message.partition() or 0)
-                continue
-            if started is None:
-                started = time.perf_counter()
-            message.value()
-            message.key()
-            seen += 1
-        if sleep_s and messages:
-            time.sleep(sleep_s)
-    seconds = time.perf_counter() - (started or time.perf_counter())
-    consumer.close()
-    return Probe(backoff_ms, sleep_s, seen, seconds, in_consume, queued)
+    in_consume = raw_consume(broker, results, overrides, (lambda: time.sleep(sleep_s)) if sleep_s else None)
+    for note in results.notes:
+        print(f"note: {note}")
+    return Probe(backoff_ms, sleep_s, results.rate(results.raw_consume_s), in_consume, queued)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -103,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with TansuBroker() as broker:
         print(f"publishing {args.events:,} events to {topic} ({PARTITIONS} partitions, {args.compression}) ...")
         produce(broker, args.events, Results(args.events, PARTITIONS, "customers", compression=args.compression))
-        probes = [probe(broker, topic, backoff, sleep) for sleep in SLEEPS_S for backoff in BACKOFFS_MS]
+        probes = [probe(broker, args.events, backoff, sleep) for sleep in SLEEPS_S for backoff in BACKOFFS_MS]
     print("  queue backoff  sleep/poll          rate  in consume()  queue (median)  (max)")
     for result in probes:
         print(result.row())
