@@ -5,13 +5,15 @@
 2. For 1, 2 and 3 processes: a fresh lakehouse (PostgreSQL catalog on a private server, or SQLite) and a fresh
    consumer group; that many `cdclake ingest --once` processes are started together and timed until the last exits.
    "steady" runs from the first partition assignment to the last bronze commit (the processes' own log stamps);
-   "end to end" includes Python start-up and the group join.
+   "reading" stops at the last commit before a process, at the end of its share, waits for partitions another
+   member holds (`--once`'s handover grace); "end to end" includes Python start-up and the group join.
 3. On the bronze table of the 1-process run: `cdclake scaffold`, then `cdclake dbt build` three times into separate
    silver namespaces: local Spark (`local[2]`), dbt-spark's session method on a standalone cluster (master + 2
    workers, 1 core / 1g each), and dbt-spark's thrift method against a Spark Thrift Server on that cluster.
 
-Run with ``python -m bench.scaleout_bench`` (``--events N``, ``--catalog sqlite``, ``--skip-dbt``, ``--write`` to
-replace the measured section of docs/scaling.md). Everything runs on 127.0.0.1 and is stopped on exit.
+Run with ``python -m bench.scaleout_bench`` (``--events N``, ``--catalog sqlite``, ``--skip-dbt``, ``--compression
+lz4`` for lz4-compressed topic batches, ``--write`` to replace the measured section of docs/scaling.md). Everything
+runs on 127.0.0.1 and is stopped on exit.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class IngestRun:
     events: int
     end_to_end_s: float = 0.0
     steady_s: float = 0.0
+    # First assignment to the last commit before `--once` waits for partitions another member holds (the
+    # handover grace, ingest.sources.kafka): the rate while every process reads its share.
+    reading_s: float = 0.0
     read: int = 0
     written: int = 0
     flushes: int = 0
@@ -136,12 +141,15 @@ def run_ingest(root: Path, catalog_uri: str, bootstrap: str, processes: int, eve
     result = IngestRun(processes, events, end_to_end_s=time.monotonic() - started)
     first_assigned: list[float] = []
     last_flush: list[float] = []
+    last_reading_flush: list[float] = []
     for log_path in logs:
         lines = [orjson.loads(raw) for raw in log_path.read_bytes().splitlines() if raw.startswith(b"{")]
         assigned = [_stamp(line) for line in lines if str(line.get("msg", "")).startswith("assigned ")]
         flushed = [_stamp(line) for line in lines if str(line.get("msg", "")).startswith("flushed ")]
         first_assigned += assigned[:1]
         last_flush += flushed[-1:]
+        waited = [_stamp(line) for line in lines if str(line.get("msg", "")).startswith("read to the end of the ")]
+        last_reading_flush += [stamp for stamp in flushed if not waited or stamp <= waited[0]][-1:]
         result.flushes += len(flushed)
         summary = [line for line in lines if "records_in" in line]
         if summary:
@@ -150,6 +158,7 @@ def run_ingest(root: Path, catalog_uri: str, bootstrap: str, processes: int, eve
             result.per_process.append(int(summary[-1]["written"]))
     if first_assigned and last_flush:
         result.steady_s = max(last_flush) - min(first_assigned)
+        result.reading_s = max(last_reading_flush, default=max(last_flush)) - min(first_assigned)
     return result
 
 
@@ -197,21 +206,31 @@ def dbt_runs(root: Path, config_for: Any, settings_for: Any) -> list[DbtRun]:
     return runs
 
 
-def render(runs: list[IngestRun], dbt: list[DbtRun], catalog: str, value_bytes: float) -> str:
+def render(
+    runs: list[IngestRun],
+    dbt: list[DbtRun],
+    catalog: str,
+    value_bytes: float,
+    compression: str = "none",
+    arguments: str = "",
+) -> str:
     single = runs[0].rate(runs[0].steady_s) if runs else 0.0
     lines = [
         BEGIN_MARK,
-        f"{runs[0].events:,} change events ({value_bytes:,.0f} bytes per value on average) on one topic with "
+        f"{runs[0].events:,} change events ({value_bytes:,.0f} bytes per value on average, "
+        f"{'uncompressed' if compression == 'none' else compression + '-compressed'} batches) on one topic with "
         f"{PARTITIONS} partitions (Tansu, memory storage), {catalog} catalog, "
         f"`max_records: {INGEST['max_records']:,}`, each process `cdclake ingest --once` in one consumer group:",
         "",
-        "| processes | steady (first assignment → last commit) | end to end (incl. start-up, group join) | vs 1 |",
-        "|---|---|---|---|",
+        "| processes | reading (first assignment → last commit before the handover wait) "
+        "| steady (first assignment → last commit) | end to end (incl. start-up, group join) | vs 1 (steady) |",
+        "|---|---|---|---|---|",
     ]
     for run in runs:
         steady = run.rate(run.steady_s)
         lines.append(
-            f"| {run.processes} | {steady:,.0f} events/s ({run.steady_s:.1f} s) | "
+            f"| {run.processes} | {run.rate(run.reading_s):,.0f} events/s ({run.reading_s:.1f} s) | "
+            f"{steady:,.0f} events/s ({run.steady_s:.1f} s) | "
             f"{run.rate(run.end_to_end_s):,.0f} events/s ({run.end_to_end_s:.1f} s) | "
             f"{steady / single if single else 0:.2f}x |"
         )
@@ -221,7 +240,8 @@ def render(runs: list[IngestRun], dbt: list[DbtRun], catalog: str, value_bytes: 
         lines += [f"| {run.name} | {run.wall_s:.1f} s | {run.models_s:.1f} s |" for run in dbt]
     lines += [
         "",
-        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} with `python -m bench.scaleout_bench` on {os.cpu_count()} "
+        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} with `python -m bench.scaleout_bench{arguments}` on "
+        f"{os.cpu_count()} "
         f"cores, Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at the end.",
         END_MARK,
     ]
@@ -236,7 +256,13 @@ def write_docs(section: str, path: Path = DOCS) -> None:
     path.write_text(text[:start] + section.rstrip("\n") + text[end + len(END_MARK) :])
 
 
-def main(events: int = DEFAULT_EVENTS, catalog: str = "postgres", skip_dbt: bool = False, write: bool = False) -> str:
+def main(
+    events: int = DEFAULT_EVENTS,
+    catalog: str = "postgres",
+    skip_dbt: bool = False,
+    write: bool = False,
+    compression: str = "none",
+) -> str:
     os.environ.setdefault("TZ", "UTC")
     with tempfile.TemporaryDirectory(prefix="cdclake-scaleout-") as tmp, TansuBroker() as broker:
         root = Path(tmp)
@@ -252,7 +278,7 @@ def main(events: int = DEFAULT_EVENTS, catalog: str = "postgres", skip_dbt: bool
                     sizes.append(len(record.value or b""))
                     yield record
 
-            broker.produce(counted(), report=False, timeout_s=600)
+            broker.produce(counted(), report=False, timeout_s=600, config={"compression.type": compression})
             runs: list[IngestRun] = []
             catalogs: dict[int, str] = {}
             for processes in PROCESS_COUNTS:
@@ -263,7 +289,8 @@ def main(events: int = DEFAULT_EVENTS, catalog: str = "postgres", skip_dbt: bool
                 print(f"cdclake ingest with {processes} process(es) ...", flush=True)
                 run = run_ingest(directory, uri, broker.bootstrap_servers, processes, events)
                 print(
-                    f"  {run.rate(run.steady_s):,.0f} events/s steady ({run.steady_s:.1f} s), "
+                    f"  {run.rate(run.reading_s):,.0f} events/s reading ({run.reading_s:.1f} s), "
+                    f"{run.rate(run.steady_s):,.0f} steady ({run.steady_s:.1f} s), "
                     f"{run.rate(run.end_to_end_s):,.0f} end to end ({run.end_to_end_s:.1f} s); "
                     f"written {run.written:,} ({run.per_process}), {run.flushes} flushes",
                     flush=True,
@@ -302,7 +329,8 @@ def main(events: int = DEFAULT_EVENTS, catalog: str = "postgres", skip_dbt: bool
         finally:
             if pg is not None:
                 pg.stop()
-    section = render(runs, dbt, catalog, sum(sizes) / max(len(sizes), 1))
+    arguments = " ".join(sys.argv[1:] if __name__ == "__main__" else [])
+    section = render(runs, dbt, catalog, sum(sizes) / max(len(sizes), 1), compression, f" {arguments}".rstrip())
     print("\n" + section)
     if write:
         write_docs(section)
@@ -316,8 +344,11 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalog", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--skip-dbt", action="store_true", help="only the ingest figures")
     parser.add_argument("--write", action="store_true", help="replace the measured section of docs/scaling.md")
+    parser.add_argument("--compression", choices=["none", "lz4"], default="none", help="the topic batches' encoding")
     args = parser.parse_args(argv)
-    main(events=args.events, catalog=args.catalog, skip_dbt=args.skip_dbt, write=args.write)
+    main(
+        events=args.events, catalog=args.catalog, skip_dbt=args.skip_dbt, write=args.write, compression=args.compression
+    )
     return 0
 
 

@@ -1,21 +1,28 @@
-"""Appending a flush to a bronze table: pyiceberg's ``Transaction.append``, minus a copy of the data.
+"""Appending a flush to a bronze table: pyiceberg's ``Transaction.append``, minus a copy of the data, and able to
+append the files an earlier attempt of the same commit wrote.
 
 For a partitioned table, pyiceberg (0.12) filters the Arrow table once per partition value and combines the chunks
 of each part, copying every row twice before the Parquet writer sees it: a good part of a bronze commit's CPU time.
 Bronze is partitioned by the day of ``_cdc_ingested_at``, and a flush nearly always holds one day; then its rows are
 handed to pyiceberg's own file writer as they are, with the partition key pyiceberg would have computed. Any other
-case (a flush across midnight, another partition spec) takes ``Transaction.append`` unchanged.
+case (a flush across midnight, another partition spec) takes the data-file writer of ``Transaction.append``.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, bin_pack_arrow_table, pyarrow_to_schema, write_file
+from pyiceberg.io.pyarrow import (
+    _check_pyarrow_schema_compatible,
+    _dataframe_to_data_files,
+    bin_pack_arrow_table,
+    pyarrow_to_schema,
+    write_file,
+)
 from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
 from pyiceberg.table import (
@@ -30,12 +37,15 @@ from pyiceberg.utils.config import Config
 from pyiceberg.utils.properties import property_as_int
 
 
-def append(transaction: Transaction, data: pa.Table, snapshot_properties: dict[str, str] = EMPTY_DICT) -> None:
-    """``transaction.append(data, snapshot_properties)``, with the same snapshot, files and statistics."""
-    key = _single_day(transaction, data)
-    if key is None:
-        transaction.append(data, snapshot_properties=snapshot_properties)
-        return
+def append(
+    transaction: Transaction,
+    data: pa.Table,
+    snapshot_properties: dict[str, str] = EMPTY_DICT,
+    written: Sequence[DataFile] | None = None,
+) -> list[DataFile]:
+    """``transaction.append(data, snapshot_properties)``, with the same snapshot, files and statistics. ``written``:
+    the files an earlier attempt wrote of the same ``data`` for the same schema and spec, appended instead of
+    writing them again. Returns the data files appended."""
     metadata = transaction.table_metadata
     downcast = Config().get_bool(DOWNCAST_NS_TIMESTAMP_TO_US_ON_WRITE) or False
     _check_pyarrow_schema_compatible(
@@ -45,8 +55,18 @@ def append(transaction: Transaction, data: pa.Table, snapshot_properties: dict[s
         format_version=metadata.format_version,
     )
     with transaction._append_snapshot_producer(snapshot_properties) as append_files:
-        for data_file in _data_files(transaction, data, key, downcast, append_files.commit_uuid):
+        if written is not None:
+            files = list(written)
+        elif not data.num_rows:
+            files = []
+        elif (key := _single_day(transaction, data)) is None:
+            io = transaction._table.io
+            files = list(_dataframe_to_data_files(metadata, data, io, write_uuid=append_files.commit_uuid))
+        else:
+            files = list(_data_files(transaction, data, key, downcast, append_files.commit_uuid))
+        for data_file in files:
             append_files.append_data_file(data_file)
+    return files
 
 
 def _single_day(transaction: Transaction, data: pa.Table) -> PartitionKey | None:

@@ -23,6 +23,8 @@ import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException, NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThanOrEqual
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import DayTransform
@@ -152,6 +154,44 @@ def _conformed(batch: TableBatch, table: Table) -> TableBatch:
 DEAD_LETTER_KIND = "dead_letter"  # TableBatch.kind of the dead-letter table's batches
 
 
+@dataclass
+class _Written:
+    """The data files a commit attempt wrote, and what they hold (``_rows_identity``). When another writer's commit
+    beats the attempt, the next attempt appends these files again if its rows are the same (the other writer
+    committed other partitions), and deletes them if not, as Iceberg's own writers clean up after a commit refused
+    for good. ``refused``: None until the attempt's commit fails, then whether the catalog refused it (a
+    CommitFailedException); after any other error nobody can tell, and the files stay for `cdclake maintain`'s
+    orphan-file removal."""
+
+    identity: tuple[object, ...]
+    files: list[DataFile]
+    io: FileIO
+    refused: bool | None = None
+
+    def delete(self, table_name: str) -> None:
+        """Deletes the files, which no commit references; any left are the orphan-file removal's."""
+        for data_file in self.files:
+            try:
+                self.io.delete(data_file.file_path)
+            except OSError as exc:
+                log.warning(
+                    "bronze table %s: unused data file %s not deleted: %s", table_name, data_file.file_path, exc
+                )
+
+
+def _rows_identity(table: Table, data: pa.Table) -> tuple[object, ...]:
+    """What tells two attempts' rows of one batch apart. Each attempt drops from the same batch the rows other
+    writers committed meanwhile, and those only ever grow, so the same row count means the same rows; the offsets'
+    sum and range check it. Files are laid out by the table's schema and partition spec: those take part too."""
+    metadata = table.metadata
+    identity: tuple[object, ...] = (metadata.current_schema_id, metadata.default_spec_id, data.num_rows)
+    if data.num_rows and "_cdc_offset" in data.column_names:
+        offsets = data.column("_cdc_offset")
+        bounds = pc.min_max(offsets)
+        identity += (pc.sum(offsets).as_py(), bounds["min"].as_py(), bounds["max"].as_py())
+    return identity
+
+
 def retry_commit(
     commit: Callable[[], _T],
     attempts: int,
@@ -204,6 +244,8 @@ class BronzeTables:
         # Per data table: the dead-letter table's snapshot whose dead letters this writer has checked that table's
         # commits against (or written itself); only a newer one of another writer's is read (_without_dead_letters).
         self._dead_letters_checked: dict[str, int] = {}
+        # Per table whose commit is under way: what its last attempt wrote (_Written).
+        self._written: dict[str, _Written] = {}
         # IntegrityError: another process created it between pyiceberg's existence check and its insert.
         with contextlib.suppress(NamespaceAlreadyExistsError, IntegrityError):
             catalog.create_namespace(namespace)
@@ -275,15 +317,40 @@ class BronzeTables:
 
         def conflict(attempt: int, exc: Exception) -> None:
             log.warning("commit conflict on %s (attempt %d): %s", batch.name, attempt, exc)
+            if (written := self._written.get(batch.name)) is not None and written.refused is None:
+                written.refused = isinstance(exc, CommitFailedException)
             if on_retry is not None:
                 on_retry(batch.name)
 
-        return retry_commit(
-            lambda: self._commit_once(batch),
-            self.commit_attempts,
-            lambda attempts: f"bronze table {self.identifier(batch.name)}: commit failed {attempts} times",
-            conflict,
-        )
+        try:
+            return retry_commit(
+                lambda: self._commit_once(batch),
+                self.commit_attempts,
+                lambda attempts: f"bronze table {self.identifier(batch.name)}: commit failed {attempts} times",
+                conflict,
+            )
+        except CommitError as exc:
+            if (written := self._written.get(batch.name)) is not None:
+                refused = (
+                    isinstance(exc.__cause__, CommitFailedException) if written.refused is None else written.refused
+                )
+                if refused:
+                    written.delete(self.identifier(batch.name))
+            raise
+        finally:
+            self._written.pop(batch.name, None)
+
+    def _files_to_reuse(self, name: str, table: Table, data: pa.Table) -> list[DataFile] | None:
+        """The files the previous attempt of this commit wrote, if they hold ``data`` as ``table`` lays it out;
+        otherwise None, and those files are deleted if their commit was refused."""
+        written = self._written.pop(name, None)
+        if written is None:
+            return None
+        if written.identity == _rows_identity(table, data):
+            return written.files
+        if written.refused:
+            written.delete(self.identifier(name))
+        return None
 
     def _commit_once(self, batch: TableBatch) -> int:
         table = self.load(batch.name)
@@ -336,6 +403,7 @@ class BronzeTables:
             if batch.kind != DEAD_LETTER_KIND:
                 data, checked = self._without_dead_letters(batch, data, stored)
         merged = merge_offsets(stored, batch.offsets)
+        reuse = self._files_to_reuse(batch.name, table, data)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
             # A properties-only commit would write offsets computed from metadata that may be stale by then.
@@ -363,7 +431,8 @@ class BronzeTables:
         )
         base = table.current_snapshot() if batch.kind == DEAD_LETTER_KIND else None
         with table.transaction() as transaction:
-            append(transaction, data, summary)
+            files = append(transaction, data, summary, reuse)
+            self._written[batch.name] = _Written(_rows_identity(table, data), files, table.io)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
             if provisional and not batch.provisional_layout:
                 transaction.remove_properties(LAYOUT_PROVISIONAL_PROPERTY)
