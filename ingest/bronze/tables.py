@@ -346,7 +346,7 @@ class BronzeTables:
         written = self._written.pop(name, None)
         if written is None:
             return None
-        if written.identity == _rows_identity(table, data):
+        if written.identity == _rows_identity(table, data) and (written.files or not data.num_rows):
             return written.files
         if written.refused:
             written.delete(self.identifier(name))
