@@ -340,13 +340,13 @@ class BronzeTables:
         finally:
             self._written.pop(batch.name, None)
 
-    def _files_to_reuse(self, name: str, table: Table, data: pa.Table) -> list[DataFile] | None:
-        """The files the previous attempt of this commit wrote, if they hold ``data`` as ``table`` lays it out;
-        otherwise None, and those files are deleted if their commit was refused."""
+    def _files_to_reuse(self, name: str, identity: tuple[object, ...], rows: int) -> list[DataFile] | None:
+        """The files the previous attempt of this commit wrote, if they hold the ``rows`` rows of ``identity``
+        (_rows_identity); otherwise None, and those files are deleted if their commit was refused."""
         written = self._written.pop(name, None)
         if written is None:
             return None
-        if written.identity == _rows_identity(table, data) and (written.files or not data.num_rows):
+        if written.identity == identity and (written.files or not rows):
             return written.files
         if written.refused:
             written.delete(self.identifier(name))
@@ -403,7 +403,8 @@ class BronzeTables:
             if batch.kind != DEAD_LETTER_KIND:
                 data, checked = self._without_dead_letters(batch, data, stored)
         merged = merge_offsets(stored, batch.offsets)
-        reuse = self._files_to_reuse(batch.name, table, data)
+        identity = _rows_identity(table, data)
+        reuse = self._files_to_reuse(batch.name, identity, data.num_rows)
         if not data.num_rows and merged == stored:
             # Everything in this batch is in the table already (another writer committed it): nothing to commit.
             # A properties-only commit would write offsets computed from metadata that may be stale by then.
@@ -432,7 +433,7 @@ class BronzeTables:
         base = table.current_snapshot() if batch.kind == DEAD_LETTER_KIND else None
         with table.transaction() as transaction:
             files = append(transaction, data, summary, reuse)
-            self._written[batch.name] = _Written(_rows_identity(table, data), files, table.io)
+            self._written[batch.name] = _Written(identity, files, table.io)
             transaction.set_properties({OFFSETS_PROPERTY: offsets})
             if provisional and not batch.provisional_layout:
                 transaction.remove_properties(LAYOUT_PROVISIONAL_PROPERTY)
