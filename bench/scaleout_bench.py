@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ def render(
     catalog: str,
     value_bytes: float,
     compression: str = "none",
-    arguments: str = "",
+    arguments: Sequence[str] = (),
 ) -> str:
     single = runs[0].rate(runs[0].steady_s) if runs else 0.0
     lines = [
@@ -238,11 +238,12 @@ def render(
         lines += ["", "`dbt build` of the resulting silver model (1 model + 4 data tests) from a cold start:", ""]
         lines += ["| where | wall time (process) | dbt's own run time |", "|---|---|---|"]
         lines += [f"| {run.name} | {run.wall_s:.1f} s | {run.models_s:.1f} s |" for run in dbt]
+    command = " ".join(["python -m bench.scaleout_bench", *arguments])
     lines += [
         "",
-        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} with `python -m bench.scaleout_bench{arguments}` on "
-        f"{os.cpu_count()} "
-        f"cores, Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at the end.",
+        f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d} with `{command}` "
+        f"on {os.cpu_count()} cores, Python {platform.python_version()}; load average {os.getloadavg()[0]:.1f} at "
+        "the end.",
         END_MARK,
     ]
     return "\n".join(lines) + "\n"
@@ -262,7 +263,9 @@ def main(
     skip_dbt: bool = False,
     write: bool = False,
     compression: str = "none",
+    arguments: Sequence[str] = (),
 ) -> str:
+    """The benchmark (see the module's text); ``arguments``: the command line's, quoted in the section written."""
     os.environ.setdefault("TZ", "UTC")
     with tempfile.TemporaryDirectory(prefix="cdclake-scaleout-") as tmp, TansuBroker() as broker:
         root = Path(tmp)
@@ -329,8 +332,7 @@ def main(
         finally:
             if pg is not None:
                 pg.stop()
-    arguments = " ".join(sys.argv[1:] if __name__ == "__main__" else [])
-    section = render(runs, dbt, catalog, sum(sizes) / max(len(sizes), 1), compression, f" {arguments}".rstrip())
+    section = render(runs, dbt, catalog, sum(sizes) / max(len(sizes), 1), compression, arguments)
     print("\n" + section)
     if write:
         write_docs(section)
@@ -347,7 +349,12 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--compression", choices=["none", "lz4"], default="none", help="the topic batches' encoding")
     args = parser.parse_args(argv)
     main(
-        events=args.events, catalog=args.catalog, skip_dbt=args.skip_dbt, write=args.write, compression=args.compression
+        events=args.events,
+        catalog=args.catalog,
+        skip_dbt=args.skip_dbt,
+        write=args.write,
+        compression=args.compression,
+        arguments=sys.argv[1:] if argv is None else argv,
     )
     return 0
 
