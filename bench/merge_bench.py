@@ -650,7 +650,8 @@ def _share(fraction: float) -> str:
 
 
 def measure(bench: Bench, bronze: Bronze, unit: int, repeat: int) -> Measurement:
-    """``repeat`` units of U changes, each applied by the stock merge and cdc_silver; then one full recomputation."""
+    """``repeat`` units of U changes, each applied by the stock merge and cdc_silver, then appended by the append
+    floor; then one full recomputation."""
     cdc_runs, stock_runs, scd2_runs, floor_runs, append_s = [], [], [], [], []
     for index in range(repeat):
         start = time.perf_counter()
