@@ -268,6 +268,15 @@ def _silver_columns(alias: str = "") -> str:
     )
 
 
+# How both incremental baselines (the stock merge, the append floor) find a unit's changes: bronze's offsets above
+# the greatest their own table holds, as a literal bound.
+LAST_OFFSET = (
+    "{% if execute and is_incremental() %}"
+    "{% set last = run_query('select max(_cdc_offset) from ' ~ this).rows[0][0] %}{% endif %}\n"
+)
+NEW_ONLY = "{% if execute and is_incremental() %} and _cdc_offset > {{ last }}{% endif %}"
+
+
 def model_sql(bronze: Bronze, scd2: bool = False) -> dict[str, str]:
     source = f"{{{{ source('bronze', '{bronze.table}') }}}}"
 
@@ -291,23 +300,21 @@ def model_sql(bronze: Bronze, scd2: bool = False) -> dict[str, str]:
         f"file_format='iceberg', tblproperties={_properties_config()}) }}}}\n"
         "-- dbt-spark's stock incremental merge: dedup the new changes, MERGE ... UPDATE SET * / INSERT *.\n"
         "-- The bound is a literal (not a subquery) so that Iceberg prunes bronze files as cdc_silver's read does.\n"
-        "{% if execute and is_incremental() %}"
-        "{% set last = run_query('select max(_cdc_offset) from ' ~ this).rows[0][0] %}{% endif %}\n"
-        "with ranked as (\n  "
+        + LAST_OFFSET
+        + "with ranked as (\n  "
         + ranked("_cdc_order desc, _cdc_offset desc")
-        + "  where op is not null{% if execute and is_incremental() %} and _cdc_offset > {{ last }}{% endif %}\n)\n"
+        + f"  where op is not null{NEW_ONLY}\n)\n"
         f"select {_silver_columns()} from ranked where rn = 1\n"
     )
     floor = (
         "{{ config(materialized='incremental', incremental_strategy='append', "
         f"file_format='iceberg', tblproperties={_properties_config()}) }}}}\n"
         "-- The append floor: the unit's new after-images appended as they are (no dedup, no delete; not an apply).\n"
-        "{% if execute and is_incremental() %}"
-        "{% set last = run_query('select max(_cdc_offset) from ' ~ this).rows[0][0] %}{% endif %}\n"
-        "with changes as (\n"
+        + LAST_OFFSET
+        + "with changes as (\n"
         "  select key.id as id, after, _cdc_order, op, _cdc_offset, source.ts_ms as source_ts_ms\n"
         f"  from {source}\n"
-        "  where op in ('c', 'u', 'r'){% if execute and is_incremental() %} and _cdc_offset > {{ last }}{% endif %}\n"
+        f"  where op in ('c', 'u', 'r'){NEW_ONLY}\n"
         ")\n"
         f"select {_silver_columns()} from changes\n"
     )
